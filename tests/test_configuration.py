@@ -1,0 +1,97 @@
+"""VanillaTransformerConfig: the paper's defaults, presets, HF attribute names and clear errors for bad values."""
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+
+def test_defaults_are_the_papers_base_model():
+    config = VanillaTransformerConfig()
+    assert (config.d_model, config.encoder_layers, config.decoder_layers) == (512, 6, 6)
+    assert (config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (8, 2048, 0.1)
+    assert config.activation_function == "relu"
+    assert config.position_embedding_type == "sinusoidal"
+    assert config.layer_norm_position == "post"
+    assert config.scale_embedding and config.tie_word_embeddings and config.is_encoder_decoder
+    assert config.attention_dropout == config.activation_dropout == 0.0
+    assert config.init_std == pytest.approx(512**-0.5)
+    assert config.attention_head_dims(8) == (64, 64)
+
+
+def test_attribute_map_gives_the_standard_names():
+    config = VanillaTransformerConfig(d_model=256, encoder_attention_heads=4, encoder_layers=3)
+    assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (256, 4, 3)
+
+
+@pytest.mark.parametrize(
+    "preset, expected",
+    [
+        ("base", dict(d_model=512, encoder_ffn_dim=2048, encoder_attention_heads=8, dropout=0.1, encoder_layers=6)),
+        ("big", dict(d_model=1024, encoder_ffn_dim=4096, encoder_attention_heads=16, dropout=0.3, encoder_layers=6)),
+        ("small", dict(d_model=256, encoder_ffn_dim=1024, encoder_attention_heads=4, dropout=0.1, encoder_layers=3)),
+    ],
+)
+def test_presets(preset, expected):
+    config = VanillaTransformerConfig.from_preset(preset)
+    assert {key: getattr(config, key) for key in expected} == expected
+    assert config.decoder_layers == config.encoder_layers
+    assert config.decoder_ffn_dim == config.encoder_ffn_dim
+
+
+def test_preset_overrides_and_unknown_preset():
+    config = VanillaTransformerConfig.from_preset("base", vocab_size=1234, dropout=0.2)
+    assert (config.vocab_size, config.dropout, config.d_model) == (1234, 0.2, 512)
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        VanillaTransformerConfig.from_preset("huge")
+
+
+@pytest.mark.parametrize("preset, paper_millions", [("base", 65), ("big", 213)])
+def test_parameter_count_matches_table_3(preset, paper_millions):
+    with torch.device("meta"):
+        model = VanillaTransformerForConditionalGeneration(
+            VanillaTransformerConfig.from_preset(preset, vocab_size=37000)
+        )
+    millions = model.num_parameters() / 1e6
+    print(f"{preset}: {millions:.1f}M parameters (paper, Table 3: {paper_millions}M)")
+    assert abs(millions - paper_millions) / paper_millions < 0.05
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(d_model=500), r"encoder_attention_heads=8 is invalid: it must divide d_model=500"),
+        (dict(decoder_attention_heads=3), r"decoder_attention_heads=3 is invalid: it must divide d_model=512"),
+        (dict(d_model=0), r"d_model=0 is invalid: it must be a positive integer"),
+        (dict(encoder_layers=-1), r"encoder_layers=-1 is invalid"),
+        (dict(decoder_ffn_dim=0), r"decoder_ffn_dim=0 is invalid"),
+        (dict(vocab_size=0), r"vocab_size=0 is invalid"),
+        (dict(head_dim=0), r"head_dim=0 is invalid"),
+        (dict(dropout=1.0), r"dropout=1.0 is invalid: it must be in \[0, 1\)"),
+        (dict(attention_dropout=-0.1), r"attention_dropout=-0.1 is invalid"),
+        (dict(position_embedding_type="rotary"), r"position_embedding_type='rotary' is invalid: it must be one of"),
+        (dict(layer_norm_position="middle"), r"layer_norm_position='middle' is invalid"),
+        (dict(activation_function="swishy"), r"activation_function='swishy' is invalid"),
+        (dict(pad_token_id=37000), r"pad_token_id=37000 is invalid: it must be a token id in the vocabulary"),
+        (dict(vocab_size=100, eos_token_id=100), r"eos_token_id=100 is invalid"),
+        (dict(decoder_start_token_id=-1), r"decoder_start_token_id=-1 is invalid"),
+    ],
+)
+def test_bad_values_raise_value_error_naming_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        VanillaTransformerConfig(**overrides)
+
+
+def test_head_dim_lifts_the_divisibility_rule():
+    config = VanillaTransformerConfig(d_model=500, head_dim=64, v_head_dim=32)
+    assert config.attention_head_dims(8) == (64, 32)
+
+
+def test_round_trip_through_auto_config(tmp_path):
+    config = VanillaTransformerConfig.from_preset("small", position_embedding_type="learned", head_dim=16)
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert type(loaded) is VanillaTransformerConfig
+    assert loaded.to_diff_dict() == config.to_diff_dict()
+    assert (loaded.position_embedding_type, loaded.head_dim, loaded.d_model) == ("learned", 16, 256)

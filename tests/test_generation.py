@@ -1,0 +1,149 @@
+"""generate(): the standard GenerationMixin strategies, the cache, and the paper's decoding defaults."""
+
+import pytest
+import torch
+from conftest import BOS, EOS, PAD, tiny_model
+from transformers import EncoderDecoderCache
+
+SOURCES = torch.tensor([[5, 6, 7, 8, 9, 10, EOS], [11, 12, 13, EOS, PAD, PAD, PAD]])
+MASK = (SOURCES != PAD).long()
+
+
+def new_tokens(sequence: list[int]) -> list[int]:
+    """The generated tokens up to and including </s>, without the start token and the padding after."""
+    tokens = sequence[1:]
+    return tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens
+
+
+def test_default_generation_config_is_the_papers():
+    config = tiny_model().generation_config
+    assert (config.num_beams, config.length_penalty) == (4, 0.6)
+    assert (config.decoder_start_token_id, config.eos_token_id, config.pad_token_id) == (BOS, EOS, PAD)
+    assert config.max_length is None and config.max_new_tokens is None
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_default_length_limit_is_source_length_plus_50(num_beams):
+    # An untrained model never chooses </s>, so every output runs to its own limit.
+    sequences = tiny_model().generate(SOURCES, attention_mask=MASK, num_beams=num_beams).tolist()
+    assert [len(new_tokens(s)) for s in sequences] == [7 + 50, 4 + 50]
+    assert all(new_tokens(s)[-1] == EOS for s in sequences)
+
+
+def test_a_length_given_by_the_caller_wins():
+    model = tiny_model()
+    assert model.generate(SOURCES, attention_mask=MASK, max_new_tokens=5).shape == (2, 6)
+    assert model.generate(SOURCES, attention_mask=MASK, max_length=9).shape == (2, 9)
+    model.generation_config.max_new_tokens = 3
+    assert model.generate(SOURCES, attention_mask=MASK).shape == (2, 4)
+
+
+def test_greedy_equals_argmax_of_teacher_forced_forwards():
+    model = tiny_model()
+    generated = model.generate(SOURCES, attention_mask=MASK, num_beams=1, max_new_tokens=8)
+    decoder_input_ids = torch.full((2, 1), BOS)
+    with torch.no_grad():
+        for _ in range(8):
+            logits = model(input_ids=SOURCES, attention_mask=MASK, decoder_input_ids=decoder_input_ids).logits
+            decoder_input_ids = torch.cat([decoder_input_ids, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert generated.tolist() == decoder_input_ids.tolist()
+
+
+def test_stepwise_decoding_with_cache_equals_one_teacher_forced_forward():
+    model = tiny_model()
+    targets = torch.tensor([[BOS, 20, 21, 22, 23, 24], [BOS, 25, 26, 27, 28, 29]])
+    with torch.no_grad():
+        teacher_forced = model(input_ids=SOURCES, attention_mask=MASK, decoder_input_ids=targets).logits
+        encoder_outputs = model.get_encoder()(input_ids=SOURCES, attention_mask=MASK)
+        cache, steps = None, []
+        for t in range(targets.shape[1]):
+            outputs = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=MASK,
+                decoder_input_ids=targets[:, t : t + 1],
+                cache=cache,
+                use_cache=True,
+            )
+            cache = outputs.cache
+            steps.append(outputs.logits)
+    assert isinstance(cache, EncoderDecoderCache) and cache.get_seq_length() == targets.shape[1]
+    assert (torch.cat(steps, dim=1) - teacher_forced).abs().max().item() <= 1e-5
+
+
+def test_cross_attention_keys_and_values_are_computed_once_per_source():
+    model = tiny_model()
+    calls = {"cross": 0, "self": 0}
+    for layer in model.model.decoder.layers:
+        layer.encoder_attn.sublayer.kv_proj.register_forward_hook(lambda *_: calls.__setitem__("cross", calls["cross"] + 1))
+        layer.self_attn.sublayer.kv_proj.register_forward_hook(lambda *_: calls.__setitem__("self", calls["self"] + 1))
+    model.generate(SOURCES, attention_mask=MASK, num_beams=1, max_new_tokens=6)
+    layers = len(model.model.decoder.layers)
+    assert calls == {"cross": layers, "self": 6 * layers}
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        dict(num_beams=1),
+        dict(num_beams=4),
+        dict(num_beams=3, num_return_sequences=2),
+        dict(do_sample=True, top_k=10, num_beams=1, num_return_sequences=2),
+    ],
+)
+def test_cache_on_and_off_give_the_same_sequences(strategy):
+    model = tiny_model()
+    outputs = []
+    for use_cache in (True, False):
+        torch.manual_seed(0)
+        outputs.append(model.generate(SOURCES, attention_mask=MASK, max_new_tokens=10, use_cache=use_cache, **strategy))
+    assert outputs[0].tolist() == outputs[1].tolist()
+
+
+def test_sampling_and_multiple_returned_sequences():
+    model = tiny_model()
+    torch.manual_seed(1)
+    first = model.generate(SOURCES, attention_mask=MASK, do_sample=True, num_beams=1, num_return_sequences=3, max_new_tokens=6)
+    torch.manual_seed(1)
+    again = model.generate(SOURCES, attention_mask=MASK, do_sample=True, num_beams=1, num_return_sequences=3, max_new_tokens=6)
+    torch.manual_seed(2)
+    other = model.generate(SOURCES, attention_mask=MASK, do_sample=True, num_beams=1, num_return_sequences=3, max_new_tokens=6)
+    assert first.shape == (6, 7) and first.tolist() == again.tolist() and first.tolist() != other.tolist()
+
+
+def test_beam_search_returns_scores_and_ranked_sequences():
+    model = tiny_model()
+    outputs = model.generate(
+        SOURCES,
+        attention_mask=MASK,
+        num_beams=4,
+        num_return_sequences=3,
+        max_new_tokens=5,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    assert outputs.sequences.shape == (6, 6)
+    assert len(outputs.scores) == 5 and outputs.scores[0].shape == (8, 99)
+    scores = outputs.sequences_scores.view(2, 3)
+    assert torch.all(scores[:, :-1] >= scores[:, 1:])
+    assert len({tuple(s) for s in outputs.sequences[:3].tolist()}) == 3
+
+
+def test_greedy_scores_are_the_log_softmax_of_the_model():
+    model = tiny_model()
+    outputs = model.generate(
+        SOURCES, attention_mask=MASK, num_beams=1, max_new_tokens=3, return_dict_in_generate=True, output_logits=True
+    )
+    with torch.no_grad():
+        logits = model(input_ids=SOURCES, attention_mask=MASK, decoder_input_ids=outputs.sequences[:, :-1]).logits
+    torch.testing.assert_close(torch.stack(outputs.logits, dim=1), logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("num_beams, dtype", [(1, torch.float32), (4, torch.float64)])
+def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch(num_beams, dtype):
+    # Beam search runs in float64 here: an untrained model has near-ties that float32 rounding can flip.
+    model = tiny_model(seed=4).to(dtype)
+    batch = model.generate(SOURCES, attention_mask=MASK, num_beams=num_beams).tolist()
+    for row in range(2):
+        length = int(MASK[row].sum())
+        alone = model.generate(SOURCES[row : row + 1, :length], num_beams=num_beams).tolist()[0]
+        assert new_tokens(batch[row]) == new_tokens(alone)

@@ -1,0 +1,281 @@
+"""The architecture: each piece against the paper's formula, and the whole against torch.nn.Transformer."""
+
+import math
+
+import pytest
+import torch
+from conftest import BOS, EOS, PAD, tiny_config, tiny_model
+from torch import nn
+
+from hf_vanilla_transformer.modeling_vanilla_transformer import (
+    VanillaTransformerAttention,
+    VanillaTransformerSinusoidalPositionalEncoding,
+    VanillaTransformerSublayerConnection,
+    shift_tokens_right,
+)
+
+
+def paper_positional_encoding(num_positions: int, d_model: int) -> torch.Tensor:
+    """Section 3.5, written out term by term."""
+    table = torch.zeros(num_positions, d_model, dtype=torch.float64)
+    for pos in range(num_positions):
+        for i in range(0, d_model, 2):
+            table[pos, i] = math.sin(pos / 10000 ** (i / d_model))
+            if i + 1 < d_model:
+                table[pos, i + 1] = math.cos(pos / 10000 ** (i / d_model))
+    return table.float()
+
+
+@pytest.mark.parametrize("d_model", [32, 33])
+def test_sinusoidal_encoding_is_the_papers_interleaved_formula(d_model):
+    encoding = VanillaTransformerSinusoidalPositionalEncoding(64, d_model).encoding
+    torch.testing.assert_close(encoding, paper_positional_encoding(64, d_model), atol=1e-6, rtol=0)
+    assert encoding[0, 0::2].abs().max() == 0 and torch.all(encoding[0, 1::2] == 1)
+
+
+def test_embeddings_scale_by_sqrt_d_model_then_add_positions():
+    model = tiny_model()
+    input_ids = torch.tensor([[5, 6, 7, EOS]])
+    embedded = model.model.encoder.embeddings(input_ids)
+    expected = model.model.shared(input_ids) * math.sqrt(32) + paper_positional_encoding(4, 32)
+    torch.testing.assert_close(embedded, expected, atol=1e-5, rtol=0)
+
+    unscaled = tiny_model(scale_embedding=False).model.encoder.embeddings(input_ids)
+    expected = tiny_model(scale_embedding=False).model.shared(input_ids) + paper_positional_encoding(4, 32)
+    torch.testing.assert_close(unscaled, expected, atol=1e-5, rtol=0)
+
+
+def test_embedding_dropout_applies_to_the_sum_in_training():
+    model = tiny_model(dropout=0.5).train()
+    embedded = model.model.encoder.embeddings(torch.tensor([[5, 6, 7, EOS]]))
+    zero_fraction = (embedded == 0).float().mean().item()
+    assert 0.3 < zero_fraction < 0.7
+
+
+def test_three_way_tied_embeddings():
+    model = tiny_model()
+    shared = model.model.shared.weight
+    assert model.model.encoder.embeddings.embed_tokens.weight is shared
+    assert model.model.decoder.embeddings.embed_tokens.weight is shared
+    assert model.lm_head.weight is shared
+    assert model.get_input_embeddings().weight is shared and model.get_output_embeddings().weight is shared
+
+
+def test_untied_embeddings_are_three_matrices():
+    model = tiny_model(tie_word_embeddings=False)
+    weights = [
+        model.model.encoder.embeddings.embed_tokens.weight,
+        model.model.decoder.embeddings.embed_tokens.weight,
+        model.lm_head.weight,
+    ]
+    assert len({id(w) for w in weights}) == 3 and model.model.shared is None
+
+
+def test_attention_is_equation_one_with_separate_key_and_value_sizes():
+    config = tiny_config(head_dim=6, v_head_dim=10)
+    torch.manual_seed(1)
+    attention = VanillaTransformerAttention(config, num_heads=4)
+    config._attn_implementation = "eager"
+    x = torch.randn(2, 5, 32)
+    output, weights = attention(x)
+
+    q = (x @ attention.q_proj.weight.T).view(2, 5, 4, 6).transpose(1, 2)
+    k, v = (x @ attention.kv_proj.weight.T).split([24, 40], dim=-1)
+    k, v = k.view(2, 5, 4, 6).transpose(1, 2), v.view(2, 5, 4, 10).transpose(1, 2)
+    expected_weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(6), dim=-1)
+    heads = (expected_weights @ v).transpose(1, 2).reshape(2, 5, 40)
+    torch.testing.assert_close(weights, expected_weights)
+    torch.testing.assert_close(output, heads @ attention.out_proj.weight.T)
+    assert attention.q_proj.bias is None and attention.kv_proj.bias is None and attention.out_proj.bias is None
+
+
+@pytest.mark.parametrize("position, expected", [("post", "norm(x + f(x))"), ("pre", "x + f(norm(x))")])
+def test_sublayer_connection(position, expected):
+    config = tiny_config(layer_norm_position=position)
+    torch.manual_seed(2)
+    connection = VanillaTransformerSublayerConnection(config, nn.Linear(32, 32)).eval()
+    nn.init.normal_(connection.layer_norm.weight)
+    nn.init.normal_(connection.layer_norm.bias)
+    x = torch.randn(3, 32)
+    f, norm = connection.sublayer, connection.layer_norm
+    reference = {"norm(x + f(x))": norm(x + f(x)), "x + f(norm(x))": x + f(norm(x))}[expected]
+    torch.testing.assert_close(connection(x), reference)
+
+
+def test_pre_norm_stacks_end_with_a_layer_norm_and_post_norm_ones_do_not():
+    assert tiny_model().model.encoder.final_layer_norm is None
+    pre = tiny_model(layer_norm_position="pre")
+    assert isinstance(pre.model.encoder.final_layer_norm, nn.LayerNorm)
+    assert isinstance(pre.model.decoder.final_layer_norm, nn.LayerNorm)
+
+
+def copy_into_torch_transformer(model) -> nn.Transformer:
+    """A torch.nn.Transformer (post-LN, ReLU, no final norms) holding our model's weights."""
+    config = model.config
+
+    def encoder_layer():
+        return nn.TransformerEncoderLayer(32, config.encoder_attention_heads, config.encoder_ffn_dim, 0.0, batch_first=True)
+
+    def decoder_layer():
+        return nn.TransformerDecoderLayer(32, config.decoder_attention_heads, config.decoder_ffn_dim, 0.0, batch_first=True)
+
+    reference = nn.Transformer(
+        d_model=32,
+        custom_encoder=nn.TransformerEncoder(encoder_layer(), config.encoder_layers, enable_nested_tensor=False),
+        custom_decoder=nn.TransformerDecoder(decoder_layer(), config.decoder_layers),
+        batch_first=True,
+    )
+
+    def copy_attention(theirs: nn.MultiheadAttention, ours):
+        attention = ours.sublayer
+        theirs.in_proj_weight.data = torch.cat([attention.q_proj.weight, attention.kv_proj.weight]).clone()
+        theirs.in_proj_bias.data.zero_()
+        theirs.out_proj.weight.data = attention.out_proj.weight.clone()
+        theirs.out_proj.bias.data.zero_()
+
+    def copy_layer_norm(theirs: nn.LayerNorm, ours):
+        theirs.load_state_dict(ours.layer_norm.state_dict())
+
+    def copy_feed_forward(theirs, ours):
+        theirs.linear1.load_state_dict(ours.sublayer.fc1.state_dict())
+        theirs.linear2.load_state_dict(ours.sublayer.fc2.state_dict())
+
+    for theirs, ours in zip(reference.encoder.layers, model.model.encoder.layers):
+        copy_attention(theirs.self_attn, ours.self_attn)
+        copy_feed_forward(theirs, ours.feed_forward)
+        copy_layer_norm(theirs.norm1, ours.self_attn)
+        copy_layer_norm(theirs.norm2, ours.feed_forward)
+    for theirs, ours in zip(reference.decoder.layers, model.model.decoder.layers):
+        copy_attention(theirs.self_attn, ours.self_attn)
+        copy_attention(theirs.multihead_attn, ours.encoder_attn)
+        copy_feed_forward(theirs, ours.feed_forward)
+        copy_layer_norm(theirs.norm1, ours.self_attn)
+        copy_layer_norm(theirs.norm2, ours.encoder_attn)
+        copy_layer_norm(theirs.norm3, ours.feed_forward)
+    return reference.eval()
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_logits_equal_torch_nn_transformer(padded_batch, attn_implementation):
+    model = tiny_model(seed=3, attn_implementation=attn_implementation, decoder_attention_heads=4)
+    reference = copy_into_torch_transformer(model)
+    embedding = model.model.shared.weight
+    src, tgt = padded_batch["input_ids"], padded_batch["decoder_input_ids"]
+
+    def embed(ids):
+        return embedding[ids] * math.sqrt(32) + paper_positional_encoding(ids.shape[1], 32)
+
+    with torch.no_grad():
+        hidden = reference(
+            embed(src),
+            embed(tgt),
+            tgt_mask=nn.Transformer.generate_square_subsequent_mask(tgt.shape[1]),
+            src_key_padding_mask=src == PAD,
+            memory_key_padding_mask=src == PAD,
+            tgt_is_causal=True,
+        )
+        expected = hidden @ embedding.T
+        logits = model(**padded_batch).logits
+    assert (logits - expected).abs().max().item() <= 1e-5
+
+
+def test_decoder_is_causal(padded_batch):
+    model = tiny_model()
+    with torch.no_grad():
+        logits = model(**padded_batch).logits
+        for t in range(1, 5):
+            changed = padded_batch["decoder_input_ids"].clone()
+            changed[:, t] = 42
+            changed_logits = model(**{**padded_batch, "decoder_input_ids": changed}).logits
+            torch.testing.assert_close(changed_logits[:, :t], logits[:, :t], atol=1e-6, rtol=0)
+            assert (changed_logits[:, t:] - logits[:, t:]).abs().max() > 1e-3
+
+
+def test_source_padding_changes_nothing():
+    model = tiny_model()
+    source = torch.tensor([[11, 12, 13, EOS]])
+    padded = torch.tensor([[11, 12, 13, EOS, PAD, PAD, PAD]])
+    target = torch.tensor([[BOS, 24, 25, 26]])
+    with torch.no_grad():
+        alone = model(input_ids=source, decoder_input_ids=target).logits
+        with_padding = model(input_ids=padded, attention_mask=(padded != PAD).long(), decoder_input_ids=target).logits
+    torch.testing.assert_close(with_padding, alone, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"layer_norm_position": "pre"}, {"position_embedding_type": "learned"}, {"head_dim": 12, "v_head_dim": 4}],
+)
+def test_eager_and_sdpa_agree(padded_batch, overrides):
+    eager = tiny_model(attn_implementation="eager", **overrides)
+    sdpa = tiny_model(attn_implementation="sdpa", **overrides)
+    with torch.no_grad():
+        difference = (eager(**padded_batch).logits - sdpa(**padded_batch).logits).abs().max().item()
+    assert difference <= 1e-5
+
+
+def test_output_attentions(padded_batch):
+    model = tiny_model()
+    with torch.no_grad():
+        outputs = model(**padded_batch, output_attentions=True, output_hidden_states=True)
+    assert [a.shape for a in outputs.encoder_attentions] == [torch.Size([2, 4, 7, 7])] * 2
+    assert [a.shape for a in outputs.decoder_attentions] == [torch.Size([2, 2, 5, 5])] * 3
+    assert [a.shape for a in outputs.cross_attentions] == [torch.Size([2, 2, 5, 7])] * 3
+    assert len(outputs.encoder_hidden_states) == 3 and len(outputs.decoder_hidden_states) == 4
+    for weights in outputs.encoder_attentions + outputs.decoder_attentions + outputs.cross_attentions:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    for weights in outputs.decoder_attentions:
+        assert torch.all(weights.triu(diagonal=1) == 0)
+    for weights in outputs.cross_attentions + outputs.encoder_attentions:
+        assert torch.all(weights[1, :, :, 4:] == 0)  # the second source's padding is never attended to
+
+
+def test_labels_give_cross_entropy_ignoring_minus_100_and_shift_right():
+    model = tiny_model()
+    input_ids = torch.tensor([[5, 6, 7, EOS], [8, 9, EOS, PAD]])
+    labels = torch.tensor([[20, 21, 22, EOS], [23, EOS, -100, -100]])
+    outputs = model(input_ids=input_ids, attention_mask=(input_ids != PAD).long(), labels=labels)
+
+    decoder_input_ids = shift_tokens_right(labels, PAD, BOS)
+    assert decoder_input_ids.tolist() == [[BOS, 20, 21, 22], [BOS, 23, EOS, PAD]]
+    explicit = model(input_ids=input_ids, attention_mask=(input_ids != PAD).long(), decoder_input_ids=decoder_input_ids)
+    torch.testing.assert_close(outputs.logits, explicit.logits)
+    log_probs = torch.log_softmax(explicit.logits, dim=-1)
+    picked = [log_probs[b, t, labels[b, t]] for b in range(2) for t in range(4) if labels[b, t] != -100]
+    torch.testing.assert_close(outputs.loss, -torch.stack(picked).mean())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    input_ids = torch.tensor([[5, 6, 7, EOS], [8, 9, EOS, PAD]])
+    batch = {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(), "labels": torch.tensor([[20, 21, EOS]] * 2)}
+
+    def gradients(checkpointing: bool):
+        model = tiny_model().train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        layers = [*model.model.encoder.layers, *model.model.decoder.layers]
+        assert all(layer.gradient_checkpointing == checkpointing for layer in layers)
+        model(**batch).loss.backward()
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    plain, checkpointed = gradients(False), gradients(True)
+    assert plain.keys() == checkpointed.keys()
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], msg=name)
+
+
+def test_learned_positions_are_parameters_that_matter(padded_batch):
+    model = tiny_model(position_embedding_type="learned")
+    positions = model.model.encoder.embeddings.embed_positions
+    assert isinstance(positions, nn.Embedding) and positions.weight.requires_grad
+    with torch.no_grad():
+        before = model(**padded_batch).logits
+        positions.weight[1].add_(1.0)
+        after = model(**padded_batch).logits
+    assert (after - before).abs().max() > 1e-3
+
+
+def test_too_long_input_is_a_clear_error():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="130 positions is longer than max_position_embeddings=128"):
+        model(input_ids=torch.full((1, 130), 5), decoder_input_ids=torch.tensor([[BOS]]))
