@@ -87,8 +87,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         position_embedding_type (`str`, defaults to `"sinusoidal"`):
             `"sinusoidal"` (Section 3.5) or `"learned"` (Table 3 row (E)).
         layer_norm_position (`str`, defaults to `"post"`):
-            `"post"`: LayerNorm(x + Dropout(Sublayer(x))) as in Section 3.1. `"pre"`: x + Dropout(Sublayer(LayerNorm(x)))
-            with a final LayerNorm after each stack, the later variant of Xiong et al. (2020).
+            `"post"`: LayerNorm(x + Dropout(Sublayer(x))) as in Section 3.1. `"pre"`:
+            x + Dropout(Sublayer(LayerNorm(x))) with a final LayerNorm after each stack, the later variant studied
+            by Xiong et al. (2020).
         layer_norm_eps (`float`, defaults to 1e-5):
             Epsilon of every LayerNorm (the paper does not give one; PyTorch's default).
         scale_embedding (`bool`, defaults to `True`):
@@ -206,4 +207,3 @@ class VanillaTransformerConfig(PretrainedConfig):
                 name,
                 f"must be a token id in the vocabulary [0, {self.vocab_size})",
             )
-

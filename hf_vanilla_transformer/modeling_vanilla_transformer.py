@@ -143,7 +143,7 @@ def eager_attention_forward(
 
 
 class VanillaTransformerAttention(nn.Module):
-    """Section 3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+    """Section 3.2.2: MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(QW_i^Q, KW_i^K, VW_i^V).
 
     The h heads' W_i^Q are stored side by side in `q_proj`, and W_i^K, W_i^V in one `kv_proj` so keys and values
     take one matrix product. Section 3.2.3 uses it three ways: encoder self-attention, masked decoder
@@ -539,7 +539,7 @@ class SourceLengthLimitLogitsProcessor(LogitsProcessor):
     every sentence keep its own, so a sentence decodes the same alone as in a padded batch.
     """
 
-    def __init__(self, max_new_tokens: torch.LongTensor, eos_token_id: int, decoder_prompt_length: int):
+    def __init__(self, max_new_tokens: torch.LongTensor, eos_token_id: int | list[int], decoder_prompt_length: int):
         self.max_new_tokens = max_new_tokens
         self.eos_token_id = eos_token_id
         self.decoder_prompt_length = decoder_prompt_length
@@ -641,8 +641,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         `self.generation_config`), each sentence may produce at most its source length + 50 tokens
         (Section 6.1), where the source length counts its non-padding tokens.
         """
-        configs = [kwargs, vars(generation_config) if generation_config else {}, vars(self.generation_config)]
-        if all(c.get("max_length") is None and c.get("max_new_tokens") is None for c in configs):
+        settings = [kwargs, *(vars(c) for c in (generation_config, self.generation_config) if c is not None)]
+        if all(s.get(key) is None for s in settings for key in ("max_length", "max_new_tokens")):
             source_lengths = self._source_lengths(inputs, kwargs)
             limits = (source_lengths + MAX_OUTPUT_LENGTH_OVER_INPUT).clamp(max=self.config.max_position_embeddings)
             decoder_input_ids = kwargs.get("decoder_input_ids")

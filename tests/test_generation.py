@@ -30,6 +30,13 @@ def test_default_length_limit_is_source_length_plus_50(num_beams):
     assert all(new_tokens(s)[-1] == EOS for s in sequences)
 
 
+def test_length_limit_from_encoder_outputs_alone():
+    model = tiny_model()
+    encoder_outputs = model.get_encoder()(input_ids=SOURCES[:1])
+    sequences = model.generate(encoder_outputs=encoder_outputs, num_beams=1).tolist()
+    assert len(new_tokens(sequences[0])) == 7 + 50
+
+
 def test_a_length_given_by_the_caller_wins():
     model = tiny_model()
     assert model.generate(SOURCES, attention_mask=MASK, max_new_tokens=5).shape == (2, 6)
@@ -72,13 +79,17 @@ def test_stepwise_decoding_with_cache_equals_one_teacher_forced_forward():
 
 def test_cross_attention_keys_and_values_are_computed_once_per_source():
     model = tiny_model()
-    calls = {"cross": 0, "self": 0}
+    calls = {"encoder_attn": 0, "self_attn": 0}
+
+    def count(name):
+        return lambda *_: calls.__setitem__(name, calls[name] + 1)
+
     for layer in model.model.decoder.layers:
-        layer.encoder_attn.sublayer.kv_proj.register_forward_hook(lambda *_: calls.__setitem__("cross", calls["cross"] + 1))
-        layer.self_attn.sublayer.kv_proj.register_forward_hook(lambda *_: calls.__setitem__("self", calls["self"] + 1))
+        layer.encoder_attn.sublayer.kv_proj.register_forward_hook(count("encoder_attn"))
+        layer.self_attn.sublayer.kv_proj.register_forward_hook(count("self_attn"))
     model.generate(SOURCES, attention_mask=MASK, num_beams=1, max_new_tokens=6)
     layers = len(model.model.decoder.layers)
-    assert calls == {"cross": layers, "self": 6 * layers}
+    assert calls == {"encoder_attn": layers, "self_attn": 6 * layers}
 
 
 @pytest.mark.parametrize(
@@ -101,12 +112,14 @@ def test_cache_on_and_off_give_the_same_sequences(strategy):
 
 def test_sampling_and_multiple_returned_sequences():
     model = tiny_model()
-    torch.manual_seed(1)
-    first = model.generate(SOURCES, attention_mask=MASK, do_sample=True, num_beams=1, num_return_sequences=3, max_new_tokens=6)
-    torch.manual_seed(1)
-    again = model.generate(SOURCES, attention_mask=MASK, do_sample=True, num_beams=1, num_return_sequences=3, max_new_tokens=6)
-    torch.manual_seed(2)
-    other = model.generate(SOURCES, attention_mask=MASK, do_sample=True, num_beams=1, num_return_sequences=3, max_new_tokens=6)
+
+    def sample(seed):
+        torch.manual_seed(seed)
+        return model.generate(
+            SOURCES, attention_mask=MASK, do_sample=True, num_beams=1, num_return_sequences=3, max_new_tokens=6
+        )
+
+    first, again, other = sample(1), sample(1), sample(2)
     assert first.shape == (6, 7) and first.tolist() == again.tolist() and first.tolist() != other.tolist()
 
 

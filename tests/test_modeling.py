@@ -102,6 +102,17 @@ def test_sublayer_connection(position, expected):
     torch.testing.assert_close(connection(x), reference)
 
 
+def test_residual_dropout_applies_to_the_sublayer_output_before_the_sum():
+    config = tiny_config(dropout=0.5)
+    connection = VanillaTransformerSublayerConnection(config, nn.Linear(32, 32)).train()
+    x = torch.randn(3, 32)
+    torch.manual_seed(5)
+    output = connection(x)
+    torch.manual_seed(5)
+    dropped = nn.functional.dropout(connection.sublayer(x), p=0.5, training=True)
+    torch.testing.assert_close(output, connection.layer_norm(x + dropped))
+
+
 def test_pre_norm_stacks_end_with_a_layer_norm_and_post_norm_ones_do_not():
     assert tiny_model().model.encoder.final_layer_norm is None
     pre = tiny_model(layer_norm_position="pre")
@@ -114,10 +125,14 @@ def copy_into_torch_transformer(model) -> nn.Transformer:
     config = model.config
 
     def encoder_layer():
-        return nn.TransformerEncoderLayer(32, config.encoder_attention_heads, config.encoder_ffn_dim, 0.0, batch_first=True)
+        return nn.TransformerEncoderLayer(
+            32, config.encoder_attention_heads, config.encoder_ffn_dim, 0.0, batch_first=True
+        )
 
     def decoder_layer():
-        return nn.TransformerDecoderLayer(32, config.decoder_attention_heads, config.decoder_ffn_dim, 0.0, batch_first=True)
+        return nn.TransformerDecoderLayer(
+            32, config.decoder_attention_heads, config.decoder_ffn_dim, 0.0, batch_first=True
+        )
 
     reference = nn.Transformer(
         d_model=32,
@@ -247,7 +262,11 @@ def test_labels_give_cross_entropy_ignoring_minus_100_and_shift_right():
 
 def test_gradient_checkpointing_gives_the_same_gradients():
     input_ids = torch.tensor([[5, 6, 7, EOS], [8, 9, EOS, PAD]])
-    batch = {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(), "labels": torch.tensor([[20, 21, EOS]] * 2)}
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": (input_ids != PAD).long(),
+        "labels": torch.tensor([[20, 21, EOS]] * 2),
+    }
 
     def gradients(checkpointing: bool):
         model = tiny_model().train()

@@ -86,6 +86,12 @@ def test_auto_model_loads_the_base_model(tmp_path):
     assert type(AutoConfig.from_pretrained(tmp_path)) is VanillaTransformerConfig
 
 
+def test_auto_classes_build_the_model_from_its_config():
+    config = tiny_model().config
+    assert type(AutoModelForSeq2SeqLM.from_config(config)) is VanillaTransformerForConditionalGeneration
+    assert type(AutoModel.from_config(config)) is VanillaTransformerModel
+
+
 def test_saved_folder_carries_its_code(tmp_path):
     tiny_model().save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -108,7 +114,8 @@ def test_loads_with_remote_code_where_the_package_is_not_importable(tmp_path):
         sys.modules["hf_vanilla_transformer"] = None  # any import of the package now fails
         import torch
         from transformers import AutoModelForSeq2SeqLM
-        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True, attn_implementation="eager").eval()
+        folder = {str(tmp_path / "model")!r}
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True, attn_implementation="eager")
         assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
         sources = torch.tensor({SOURCES.tolist()})
         with torch.no_grad():
