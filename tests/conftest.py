@@ -1,6 +1,7 @@
 """Shared fixtures. Everything runs offline: the Hub is never contacted."""
 
 import os
+from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -11,6 +12,8 @@ import torch
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
 PAD, BOS, EOS = 1, 0, 2
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 
 
 def tiny_config(**overrides) -> VanillaTransformerConfig:

@@ -1,0 +1,102 @@
+"""Reading translation data: Hugging Face translation JSON lines, plain text, or a `datasets` dataset.
+
+A translation row is `{"translation": {"en": "...", "de": "..."}}`, the format of transformers' translation
+examples. Every reader checks each row and raises `TranslationDataError` naming the file and line (or the dataset
+row) of the first bad one, so that a command fails with one clear line instead of a traceback.
+"""
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+
+TRANSLATION_FILE_EXTENSIONS = (".json", ".jsonl")
+
+
+class TranslationDataError(ValueError):
+    """Input data that cannot be used; the message says where and why."""
+
+
+def translation_pair(row, where: str, source_lang: str, target_lang: str) -> tuple[str, str]:
+    """The (source, target) sentences of one translation row, checked."""
+    translation = row.get("translation") if isinstance(row, dict) else None
+    if not isinstance(translation, dict):
+        raise TranslationDataError(f'{where}: expected an object with a "translation" object, got {_shorten(row)}')
+    for lang in (source_lang, target_lang):
+        if lang not in translation:
+            languages = ", ".join(map(repr, translation)) or "none"
+            raise TranslationDataError(f"{where}: the translation has no {lang!r} sentence (it has {languages})")
+        sentence = translation[lang]
+        if not isinstance(sentence, str):
+            raise TranslationDataError(f"{where}: the {lang!r} sentence is not a string: {_shorten(sentence)}")
+        if not sentence.strip():
+            raise TranslationDataError(f"{where}: the {lang!r} sentence is empty")
+    return translation[source_lang], translation[target_lang]
+
+
+def read_translation_file(path: str, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
+    """(source, target) pairs of a translation JSON lines file; blank lines are skipped."""
+    count = 0
+    for line_number, line in _numbered_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise TranslationDataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+        yield translation_pair(row, where, source_lang, target_lang)
+        count += 1
+    if count == 0:
+        raise TranslationDataError(f"{path}: no sentence pairs (the file is empty)")
+
+
+def read_text_file(path: str) -> Iterator[str]:
+    """The non-blank lines of a plain text file, one sentence a line."""
+    count = 0
+    for _, line in _numbered_lines(path):
+        if line.strip():
+            yield line.rstrip("\r\n")
+            count += 1
+    if count == 0:
+        raise TranslationDataError(f"{path}: no sentences (the file is empty)")
+
+
+def read_dataset(
+    dataset_name: str, dataset_config_name: str | None, split: str, source_lang: str, target_lang: str
+) -> Iterator[tuple[str, str]]:
+    """(source, target) pairs of a `datasets` dataset (a Hub name, or a local folder or script)."""
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(dataset_name, dataset_config_name, split=split)
+    except (FileNotFoundError, ValueError, ConnectionError) as error:
+        raise TranslationDataError(f"--dataset_name {dataset_name}: cannot load it ({error})") from None
+    for index, row in enumerate(dataset):
+        yield translation_pair(row, f"{dataset_name}[{split}] row {index}", source_lang, target_lang)
+
+
+def file_sentences(files: Iterable[str], source_lang: str, target_lang: str) -> Iterator[str]:
+    """Sentences of translation files (.json/.jsonl: source, target, source, ...) and plain text files."""
+    for path in files:
+        if path.endswith(TRANSLATION_FILE_EXTENSIONS):
+            for pair in read_translation_file(path, source_lang, target_lang):
+                yield from pair
+        else:
+            yield from read_text_file(path)
+
+
+def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
+    if not os.path.isfile(path):
+        raise TranslationDataError(f"{path}: no such file")
+    with open(path, encoding="utf-8") as file:
+        line_number = 0
+        try:
+            for line_number, line in enumerate(file, 1):
+                yield line_number, line
+        except UnicodeDecodeError as error:
+            raise TranslationDataError(f"{path}:{line_number + 1}: not UTF-8 text ({error.reason})") from None
+
+
+def _shorten(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

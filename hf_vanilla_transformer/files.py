@@ -1,0 +1,34 @@
+"""Writing output folders so that an interrupted or failed command never leaves one that looks complete."""
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def check_output_dir(output_dir: str, overwrite: bool) -> None:
+    """Refuse to replace a non-empty folder unless asked to, before any work is done."""
+    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
+        raise ValueError(f"--output_dir {output_dir} exists and is not empty; add --overwrite_output_dir to replace it")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"--output_dir {output_dir} exists and is not a folder")
+
+
+@contextmanager
+def atomic_output_dir(output_dir: str, overwrite: bool = False) -> Iterator[str]:
+    """Yield a temporary folder beside `output_dir`; on success it replaces `output_dir`, on error it is removed."""
+    check_output_dir(output_dir, overwrite)
+    parent = os.path.dirname(os.path.abspath(output_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(output_dir))}.", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private; the result should not be
+    try:
+        yield staging
+        if os.path.isdir(output_dir):
+            shutil.rmtree(output_dir)
+        os.rename(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,76 @@
+"""One shared byte-pair-encoding vocabulary for source and target (Section 5.1 of the paper), built with `tokenizers`.
+
+The paper encodes English and German with one BPE vocabulary of about 37,000 tokens (Sennrich et al., 2016).
+We train it with the `tokenizers` library's Rust trainer over both sides of the training data, and save it as a
+`transformers` fast tokenizer, so that `AutoTokenizer.from_pretrained(folder)` loads it without any of our code.
+
+Choices, all documented in the README:
+- NFKC normalisation, no lowercasing, so decoding returns the (NFKC-normalised) input exactly.
+- Byte-level BPE (as GPT-2, RoBERTa and BART): words are split by GPT-2's pre-tokenisation pattern and BPE runs
+  over their UTF-8 bytes, with all 256 bytes in the base vocabulary. A character never seen in training is
+  encoded as its bytes, never as `<unk>` and never dropped. The paper's BPE runs over characters instead.
+- Special tokens `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3, the ids `VanillaTransformerConfig` uses by default.
+  Encoding appends `</s>`; the decoder's `<s>` comes from the model (`decoder_start_token_id`).
+"""
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
+SPECIAL_TOKENS = [BOS, PAD, EOS, UNK]  # ids 0, 1, 2, 3
+BYTE_ALPHABET_SIZE = len(pre_tokenizers.ByteLevel.alphabet())
+MIN_VOCAB_SIZE = BYTE_ALPHABET_SIZE + len(SPECIAL_TOKENS)
+
+
+def train_shared_bpe(
+    sentences: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2, model_max_length: int = 1024
+) -> PreTrainedTokenizerFast:
+    """Train one BPE vocabulary of (at most) `vocab_size` tokens over `sentences`, streamed into the Rust trainer.
+
+    `sentences` is any iterable of strings, for example both sides of the training corpus
+    (`hf_vanilla_transformer.data.file_sentences`); errors raised while iterating propagate unchanged.
+    `model_max_length` is what `truncation=True` cuts to: the model's `max_position_embeddings`.
+    """
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"--vocab_size {vocab_size} is below the minimum {MIN_VOCAB_SIZE}: "
+            f"the {BYTE_ALPHABET_SIZE}-byte alphabet plus {len(SPECIAL_TOKENS)} special tokens"
+        )
+    if min_frequency < 1:
+        raise ValueError(f"--min_frequency {min_frequency} must be at least 1")
+
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    seen = 0
+
+    def counted():
+        nonlocal seen
+        for seen, sentence in enumerate(sentences, 1):  # noqa: B007 (the count is read after the loop)
+            yield sentence
+
+    tokenizer.train_from_iterator(counted(), trainer=trainer)
+    if seen == 0:
+        raise ValueError("no sentences to train the vocabulary on")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS}", pair=f"$A {EOS} $B {EOS}", special_tokens=[(EOS, tokenizer.token_to_id(EOS))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=BOS,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        clean_up_tokenization_spaces=False,  # keeps decoding lossless
+        model_max_length=model_max_length,
+    )
