@@ -8,6 +8,7 @@ row) of the first bad one, so that a command fails with one clear line instead o
 import json
 import os
 from collections.abc import Iterable, Iterator
+from itertools import islice
 
 TRANSLATION_FILE_EXTENSIONS = (".json", ".jsonl")
 
@@ -73,6 +74,29 @@ def read_dataset(
         raise TranslationDataError(f"--dataset_name {dataset_name}: cannot load it ({error})") from None
     for index, row in enumerate(dataset):
         yield translation_pair(row, f"{dataset_name}[{split}] row {index}", source_lang, target_lang)
+
+
+def load_translation_split(
+    path: str | None,
+    dataset_name: str | None,
+    dataset_config_name: str | None,
+    split: str,
+    source_lang: str,
+    target_lang: str,
+    max_samples: int | None = None,
+):
+    """A `datasets.Dataset` with `source` and `target` columns, from a JSON lines file or else a dataset's split."""
+    import datasets
+
+    if path is not None:
+        pairs = read_translation_file(path, source_lang, target_lang)
+    else:
+        pairs = read_dataset(dataset_name, dataset_config_name, split, source_lang, target_lang)
+    sources, targets = [], []
+    for source, target in islice(pairs, max_samples):
+        sources.append(source)
+        targets.append(target)
+    return datasets.Dataset.from_dict({"source": sources, "target": targets})
 
 
 def file_sentences(files: Iterable[str], source_lang: str, target_lang: str) -> Iterator[str]:

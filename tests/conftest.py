@@ -8,6 +8,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
@@ -51,3 +53,17 @@ def padded_batch():
         "attention_mask": (input_ids != PAD).long(),
         "decoder_input_ids": decoder_input_ids,
     }
+
+
+LETTERS = list("abcdefghij")
+
+
+def letter_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ten letters with the model's special-token layout; encoding appends </s>."""
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{letter: 4 + i for i, letter in enumerate(LETTERS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )

@@ -4,30 +4,11 @@ import random
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import LETTERS, letter_tokenizer, tiny_config
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import (
-    DataCollatorForSeq2Seq,
-    PreTrainedTokenizerFast,
-    Seq2SeqTrainer,
-    Seq2SeqTrainingArguments,
-)
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-
-LETTERS = list("abcdefghij")
-
-
-def letter_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over ten letters with the model's special-token layout; encoding appends </s>."""
-    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{letter: 4 + i for i, letter in enumerate(LETTERS)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:

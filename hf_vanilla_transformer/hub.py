@@ -1,0 +1,99 @@
+"""The Hub model card: `model_card.md` (a Jinja template) rendered with huggingface_hub's `ModelCard`.
+
+The metadata (languages, license, tags, datasets, metrics and a `model-index` with the scores) is built as
+`ModelCardData`, so huggingface_hub writes the YAML the Hub expects.
+"""
+
+import os
+from pathlib import Path
+
+import torch
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+# The template is the repository's top-level model_card.md; the package carries a link to it.
+MODEL_CARD_TEMPLATE = Path(__file__).resolve().parent / "model_card.md"
+
+
+def render_model_card(
+    model,
+    *,
+    model_id: str,
+    source_lang: str,
+    target_lang: str,
+    results: dict[str, dict],
+    training: dict[str, str],
+    dataset_id: str | None = None,
+    dataset_name: str | None = None,
+    example_source: str = "",
+    license: str = "apache-2.0",
+) -> ModelCard:
+    """A card for `model` with `results[split] = {"bleu", "chrf", "samples", "bleu_signature", "chrf_signature"}`."""
+    eval_results = [
+        EvalResult(
+            task_type="translation",
+            task_name=f"Translation {source_lang}-{target_lang}",
+            dataset_type=dataset_id or "custom",
+            dataset_name=dataset_name or "custom",
+            dataset_split=split,
+            metric_type=metric,
+            metric_name={"bleu": "sacreBLEU", "chrf": "chrF"}[metric],
+            metric_value=round(scores[metric], 2),
+            metric_config=scores.get(f"{metric}_signature"),
+        )
+        for split, scores in results.items()
+        for metric in ("bleu", "chrf")
+    ]
+    card_data = ModelCardData(
+        language=[source_lang, target_lang],
+        license=license,
+        library_name="transformers",
+        tags=["translation", "vanilla-transformer", "attention-is-all-you-need"],
+        datasets=[dataset_id] if dataset_id else None,
+        metrics=["bleu", "chrf"],
+        pipeline_tag="translation",
+        model_name=model_id,
+        eval_results=eval_results or None,
+    )
+    config = model.config
+    signatures = next(
+        ({"bleu": s.get("bleu_signature"), "chrf": s.get("chrf_signature")} for s in results.values()), None
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(MODEL_CARD_TEMPLATE),
+        model_name=os.path.basename(model_id.rstrip("/")),
+        model_id=model_id,
+        source_language=source_lang,
+        target_language=target_lang,
+        dataset_name=dataset_name,
+        architecture=[
+            ("parameters", f"{model.num_parameters() / 1e6:.1f}M"),
+            ("layers (encoder + decoder)", f"{config.encoder_layers} + {config.decoder_layers}"),
+            ("d_model, d_ff, heads", f"{config.d_model}, {config.encoder_ffn_dim}, {config.encoder_attention_heads}"),
+            ("shared vocabulary", f"{config.vocab_size} BPE tokens"),
+            ("positions", config.position_embedding_type),
+            ("layer norm", f"{config.layer_norm_position}-LN"),
+            ("dropout", config.dropout),
+        ],
+        training=list(training.items()),
+        num_beams=model.generation_config.num_beams,
+        results=[
+            {"split": split, "samples": s.get("samples", ""), "bleu": f"{s['bleu']:.2f}", "chrf": f"{s['chrf']:.2f}"}
+            for split, s in results.items()
+        ],
+        signatures=signatures,
+        example_source=example_source.replace('"', '\\"'),
+    )
+
+
+def describe_hardware() -> str:
+    """The accelerators or the CPU that trained the model, for the card and the benchmarks."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    cpu = "CPU"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"

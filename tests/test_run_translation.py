@@ -1,0 +1,172 @@
+"""run_translation.py end to end on a slice of Multi30k, and its errors on bad input."""
+
+import json
+import re
+
+import pytest
+import torch
+from conftest import MULTI30K
+from datasets import Dataset
+from huggingface_hub import ModelCard
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+import run_translation
+from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
+
+TRAIN, VALIDATION, TEST = (str(MULTI30K / f"{split}.jsonl") for split in ("train", "validation", "test"))
+
+TINY_RUN = [
+    "--train_file", TRAIN, "--validation_file", VALIDATION, "--test_file", TEST,
+    "--max_train_samples", "3000", "--max_eval_samples", "40", "--max_predict_samples", "50",
+    "--preset", "small", "--vocab_size", "1000",
+    "--config_overrides", "d_model=64,encoder_ffn_dim=128,decoder_ffn_dim=128,encoder_layers=2,decoder_layers=2",
+    "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--num_beams", "2",
+    "--max_steps", "150", "--max_tokens_per_batch", "1500", "--lr_scheduler_type", "inverse_sqrt",
+    "--warmup_steps", "40", "--learning_rate_scale", "1.0", "--adam_beta2", "0.98", "--adam_epsilon", "1e-9",
+    "--label_smoothing_factor", "0.1", "--save_steps", "50", "--average_last_checkpoints", "3",
+    "--logging_steps", "25", "--per_device_eval_batch_size", "32", "--report_to", "none", "--use_cpu", "true",
+    "--disable_tqdm", "true", "--seed", "0",
+]  # fmt: skip
+
+OUTPUT_FILES = {
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+    "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "README.md", "all_results.json",
+    "train_results.json", "eval_results.json", "predict_results.json", "generated_predictions.txt",
+    "trainer_state.json",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    output = tmp_path_factory.mktemp("run") / "model"
+    results = run_translation.main([*TINY_RUN, "--output_dir", str(output)])
+    return output, results
+
+
+def test_loss_falls_and_every_output_file_is_written(tiny_run):
+    output, results = tiny_run
+    assert OUTPUT_FILES <= {path.name for path in output.iterdir()}
+    state = json.loads((output / "trainer_state.json").read_text())
+    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    assert len(losses) == 6 and losses[-1] < losses[0] - 1.0, losses
+    assert state["global_step"] == 150
+    assert json.loads((output / "all_results.json").read_text()) == pytest.approx(results)
+
+
+def test_bleu_comes_from_the_local_sacrebleu_metric(tiny_run):
+    output, results = tiny_run
+    predict = json.loads((output / "predict_results.json").read_text())
+    assert predict["predict_bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert predict["predict_chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")
+    assert 0 <= predict["predict_bleu"] < 100 and predict["predict_chrf"] > 5
+    assert predict["predict_samples"] == 50 and results["eval_samples"] == 40
+
+    lines = (output / "generated_predictions.txt").read_text().split("\n")[:-1]
+    assert len(lines) == 50 and sum(bool(line.strip()) for line in lines) >= 45
+    references = [json.loads(row)["translation"]["de"] for row in open(TEST).readlines()[:50]]
+    metric = run_translation.load_translation_metric()
+    rescored = metric.compute(predictions=lines, references=[[r] for r in references])
+    assert rescored["bleu"] == pytest.approx(predict["predict_bleu"])
+
+
+def test_output_folder_reloads_and_translates(tiny_run):
+    output, _ = tiny_run
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    model = AutoModelForSeq2SeqLM.from_pretrained(output)
+    assert len(tokenizer) == model.config.vocab_size == 1000
+    assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
+    batch = tokenizer(["A man is sleeping.", "Two dogs play in the snow."], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        translations = tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
+    assert all(len(t.split()) >= 2 for t in translations), translations
+
+
+def test_model_card_metadata(tiny_run):
+    output, results = tiny_run
+    card = ModelCard.load(output / "README.md")
+    assert card.data.language == ["en", "de"] and card.data.pipeline_tag == "translation"
+    assert {"translation", "vanilla-transformer"} <= set(card.data.tags)
+    scores = {(r.dataset_split, r.metric_type): r.metric_value for r in card.data.eval_results}
+    assert scores[("test", "bleu")] == round(results["predict_bleu"], 2)
+    assert scores[("validation", "chrf")] == round(results["eval_chrf"], 2)
+    assert "averaging | last 3" not in card.text and "checkpoint averaging: last 3" in card.text
+    assert "Adam (β1=0.9, β2=0.98, ε=1e-09)" in card.text
+
+
+def test_tokenization_truncates_to_the_given_lengths():
+    dataset = Dataset.from_dict({"source": ["a b c d e f g h i j " * 20], "target": ["x y " * 30]})
+    tokenizer = train_shared_bpe(["a b c d e f g h i j", "x y z"] * 50, vocab_size=300)
+    tokenized = run_translation.tokenize(dataset, tokenizer, max_source_length=8, max_target_length=5)
+    assert len(tokenized[0]["input_ids"]) == 8 and tokenized[0]["input_ids"][-1] == tokenizer.eos_token_id
+    assert len(tokenized[0]["labels"]) == 5 and tokenized[0]["labels"][-1] == tokenizer.eos_token_id
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
+
+
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (lambda d: ["--train_file", str(d / "nope.jsonl")], r"nope.jsonl: no such file"),
+        (
+            lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD, '{"translation": {"de": "Hund."}}'])],
+            r"t.jsonl:2: the translation has no 'en' sentence \(it has 'de'\)",
+        ),
+        (
+            lambda d: [
+                "--train_file",
+                write_lines(d / "t.jsonl", [GOOD, GOOD, '{"translation": {"en": ""']),
+            ],
+            r"t.jsonl:3: not valid JSON",
+        ),
+        (
+            lambda d: ["--train_file", write_lines(d / "t.jsonl", ['{"translation": {"en": "", "de": "Hund."}}'])],
+            r"t.jsonl:1: the 'en' sentence is empty",
+        ),
+        (
+            lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--max_source_length", "5000"],
+            r"--max_source_length 5000 must be between 1 and the model's 1024 positions",
+        ),
+        (
+            lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--config_overrides", "colour=3"],
+            r"--config_overrides: 'colour=3' is not NAME=VALUE",
+        ),
+        (
+            lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--config_overrides", "dropout=2"],
+            r"dropout=2 is invalid",
+        ),
+        (lambda d: ["--tokenizer_name", str(d / "none"), "--train_file", TRAIN], r"none: no such folder"),
+    ],
+)
+def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, make_args, message):
+    output = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        run_translation.main([*make_args(tmp_path), "--do_train", "--output_dir", str(output), "--report_to", "none"])
+    assert str(exit_info.value.code).startswith("run_translation.py: error: ")
+    assert re.search(message, str(exit_info.value.code)), exit_info.value.code
+    assert not output.exists()
+
+
+def test_existing_output_dir_needs_overwrite(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.safetensors").write_text("earlier")
+    with pytest.raises(SystemExit, match="exists and is not empty; add --overwrite_output_dir"):
+        run_translation.main(["--train_file", TRAIN, "--do_train", "--output_dir", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "model.safetensors").read_text() == "earlier"
+
+
+def test_recipe_file_with_overrides(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("train_file: missing.jsonl\ndo_train: true\noutput_dir: x\nmax_tokens_per_batch: 100\n")
+    model_args, data_args, training_args = run_translation.parse_arguments(
+        [str(recipe), "--output_dir", str(tmp_path / "y"), "--max_tokens_per_batch", "2000"]
+    )
+    assert data_args.train_file == "missing.jsonl" and training_args.do_train
+    assert training_args.output_dir == str(tmp_path / "y") and training_args.max_tokens_per_batch == 2000
+    with pytest.raises(SystemExit, match="nothing.yaml: cannot read the recipe"):
+        run_translation.main([str(tmp_path / "nothing.yaml")])
