@@ -310,6 +310,7 @@ def train_and_evaluate(model_args, data_args, training_args, tokenizer, model, s
         trainer.save_state()
         results.update(metrics)
 
+    trainer.compute_metrics = None  # scored below, each split against its own references
     for split, prefix in (("validation", "eval"), ("test", "predict")):
         if split not in splits:
             continue

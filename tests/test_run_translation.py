@@ -1,11 +1,14 @@
 """run_translation.py end to end on a slice of Multi30k, and its errors on bad input."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import MULTI30K
+from conftest import MULTI30K, REPO_ROOT
 from datasets import Dataset
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -22,7 +25,7 @@ TINY_RUN = [
     "--config_overrides", "d_model=64,encoder_ffn_dim=128,decoder_ffn_dim=128,encoder_layers=2,decoder_layers=2",
     "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--num_beams", "2",
     "--max_steps", "150", "--max_tokens_per_batch", "1500", "--lr_scheduler_type", "inverse_sqrt",
-    "--warmup_steps", "40", "--learning_rate_scale", "1.0", "--adam_beta2", "0.98", "--adam_epsilon", "1e-9",
+    "--warmup_steps", "40", "--learning_rate_scale", "0.3", "--adam_beta2", "0.98", "--adam_epsilon", "1e-9",
     "--label_smoothing_factor", "0.1", "--save_steps", "50", "--average_last_checkpoints", "3",
     "--logging_steps", "25", "--per_device_eval_batch_size", "32", "--report_to", "none", "--use_cpu", "true",
     "--disable_tqdm", "true", "--seed", "0",
@@ -170,3 +173,25 @@ def test_recipe_file_with_overrides(tmp_path):
     assert training_args.output_dir == str(tmp_path / "y") and training_args.max_tokens_per_batch == 2000
     with pytest.raises(SystemExit, match="nothing.yaml: cannot read the recipe"):
         run_translation.main([str(tmp_path / "nothing.yaml")])
+
+
+def test_two_processes_share_each_epoch(tmp_path):
+    """torchrun with 2 CPU processes (gloo): each runs half the batches of an epoch, and training completes."""
+    tiny = [
+        "--train_file", TRAIN, "--max_train_samples", "800", "--vocab_size", "400",
+        "--config_overrides", "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1",
+        "--do_train", "--max_steps", "4", "--max_tokens_per_batch", "600", "--logging_steps", "4",
+        "--save_strategy", "no", "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true",
+    ]  # fmt: skip
+    epochs = {}
+    for processes in (1, 2):
+        output = tmp_path / f"run{processes}"
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+        result = subprocess.run(
+            [*launcher, str(REPO_ROOT / "run_translation.py"), *tiny, "--output_dir", str(output)],
+            capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        state = json.loads((output / "trainer_state.json").read_text())
+        epochs[processes] = state["log_history"][0]["epoch"]
+    assert epochs[2] == pytest.approx(2 * epochs[1], rel=0.05)

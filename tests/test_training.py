@@ -37,7 +37,7 @@ def test_every_example_once_per_epoch_within_budget():
             assert len(batch) * max(targets[i] for i in batch) <= 300
     padded = sum(len(b) * max(max(sources[i], targets[i]) for i in b) for b in batches)
     real = sum(max(sources[i], targets[i]) for i in range(1000))
-    assert real / padded > 0.9  # batching by length leaves little padding
+    assert real / padded > 0.85  # batching by length leaves little padding (random batches: about 0.6)
 
 
 def test_batches_are_reshuffled_each_epoch_and_reproducible():
