@@ -38,7 +38,7 @@ from transformers import (
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.data import TranslationDataError, load_translation_split
 from hf_vanilla_transformer.files import check_output_dir
-from hf_vanilla_transformer.hub import describe_hardware, render_model_card
+from hf_vanilla_transformer.hub import describe_hardware, push_model_folder, render_model_card
 from hf_vanilla_transformer.metrics import load_translation_metric
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
 from hf_vanilla_transformer.training import (
@@ -198,6 +198,8 @@ def prepare(model_args: ModelArguments, data_args: DataTrainingArguments, traini
         )
     if data_args.num_beams is not None:
         training_args.generation_num_beams = data_args.num_beams
+    if training_args.push_to_hub and not training_args.hub_model_id:
+        raise ValueError("--push_to_hub needs --hub_model_id (for example your-name/multi30k-en-de)")
 
     positions = model.config.max_position_embeddings
     for name in ("max_source_length", "max_target_length"):
@@ -282,6 +284,8 @@ def decode(generated, tokenizer) -> list[str]:
 
 
 def train_and_evaluate(model_args, data_args, training_args, tokenizer, model, splits, tokenized) -> dict:
+    # The Trainer would push every checkpoint and a card of its own; we upload the finished folder once instead.
+    push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
     metric = load_translation_metric()
     callbacks = [TimeLimitCallback(training_args.max_train_minutes)] if training_args.max_train_minutes else []
     trainer = TokenBudgetSeq2SeqTrainer(
@@ -336,6 +340,14 @@ def train_and_evaluate(model_args, data_args, training_args, tokenizer, model, s
         with open(os.path.join(training_args.output_dir, "all_results.json"), "w") as file:
             json.dump(results, file, indent=4, sort_keys=True)
         write_model_card(trainer, data_args, training_args, card_results, results, splits)
+        if push_to_hub:
+            url = push_model_folder(
+                training_args.output_dir,
+                training_args.hub_model_id,
+                token=training_args.hub_token,
+                private=training_args.hub_private_repo,
+            )
+            logger.info("Uploaded %s", url)
     return results
 
 

@@ -12,6 +12,7 @@ from .modeling_vanilla_transformer import (
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
 )
+from .pipeline_translation import TranslationPipeline
 
 AutoConfig.register(VanillaTransformerConfig.model_type, VanillaTransformerConfig, exist_ok=True)
 AutoModel.register(VanillaTransformerConfig, VanillaTransformerModel, exist_ok=True)
@@ -24,6 +25,7 @@ VanillaTransformerModel.register_for_auto_class("AutoModel")
 VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 
 __all__ = [
+    "TranslationPipeline",
     "VanillaTransformerConfig",
     "VanillaTransformerPreTrainedModel",
     "VanillaTransformerModel",

@@ -6,9 +6,14 @@ sets; `VanillaTransformerConfig.from_preset` gives the paper's "base" and "big" 
 trains on Multi30k on a laptop CPU.
 """
 
+import copy
+
 from huggingface_hub.dataclasses import strict
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
+
+# Imported (not only named) so that saving a config also copies the pipeline's file into the folder.
+from .pipeline_translation import CUSTOM_PIPELINES
 
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 LAYER_NORM_POSITIONS = ("post", "pre")
@@ -105,6 +110,9 @@ class VanillaTransformerConfig(PretrainedConfig):
             Special token ids; the defaults (1, 0, 2, 0) are the fairseq/BART layout that `train_bpe.py` assigns:
             `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3. The decoder starts from `<s>`. (Padding is not 0 because
             transformers' beam search fills finished rows with `pad_token_id or eos_token_id`.)
+        custom_pipelines (`dict`, *optional*):
+            Defaults to our `TranslationPipeline` for the `translation` task, so that `pipeline()` finds it in any
+            saved folder (transformers 5 has no translation pipeline of its own).
     """
 
     model_type = "vanilla_transformer"
@@ -142,6 +150,7 @@ class VanillaTransformerConfig(PretrainedConfig):
     bos_token_id: int | None = 0
     eos_token_id: int | None = 2
     decoder_start_token_id: int | None = 0
+    custom_pipelines: dict | None = None
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -150,6 +159,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.validate_hyperparameters()
         if self.init_std is None:
             self.init_std = self.d_model**-0.5
+        if self.custom_pipelines is None:
+            self.custom_pipelines = copy.deepcopy(CUSTOM_PIPELINES)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":

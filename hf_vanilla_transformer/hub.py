@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 
 import torch
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub.utils import filter_repo_objects
 
 # The template is the repository's top-level model_card.md; the package carries a link to it.
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parent / "model_card.md"
@@ -97,3 +98,25 @@ def describe_hardware() -> str:
     except (OSError, StopIteration):
         pass
     return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+# What run_translation.py's output folder holds that is not part of the model: the Trainer's own state.
+NOT_UPLOADED = ["checkpoint-*", "checkpoint-*/**", "runs/**", "training_args.bin", "*.partial"]
+
+
+def push_model_folder(
+    folder: str, repo_id: str, token: str | None = None, private: bool | None = None, commit_message: str = ""
+) -> str:
+    """Upload a finished model folder (weights, config, code, tokenizer, card, results) as one commit."""
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    root = Path(folder)
+    paths = sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
+    operations = [
+        CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(root / path))
+        for path in filter_repo_objects(paths, ignore_patterns=NOT_UPLOADED)
+    ]
+    commit = api.create_commit(
+        repo_id, operations, commit_message=commit_message or "Upload model trained with hf-vanilla-transformer"
+    )
+    return commit.commit_url

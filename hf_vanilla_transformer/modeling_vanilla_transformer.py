@@ -330,6 +330,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     """
 
     config: VanillaTransformerConfig
+    model_tags = ["translation", "vanilla-transformer"]  # added to the card that push_to_hub writes
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _supports_sdpa = True

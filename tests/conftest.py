@@ -1,10 +1,13 @@
 """Shared fixtures. Everything runs offline: the Hub is never contacted."""
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -67,3 +70,72 @@ def letter_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
     )
+
+
+TRAIN, VALIDATION, TEST = (str(MULTI30K / f"{split}.jsonl") for split in ("train", "validation", "test"))
+
+TINY_RUN = [
+    "--train_file", TRAIN, "--validation_file", VALIDATION, "--test_file", TEST,
+    "--max_train_samples", "3000", "--max_eval_samples", "40", "--max_predict_samples", "50",
+    "--preset", "small", "--vocab_size", "1000",
+    "--config_overrides", "d_model=64,encoder_ffn_dim=128,decoder_ffn_dim=128,encoder_layers=2,decoder_layers=2",
+    "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--num_beams", "2",
+    "--max_steps", "150", "--max_tokens_per_batch", "1500", "--lr_scheduler_type", "inverse_sqrt",
+    "--warmup_steps", "40", "--learning_rate_scale", "0.3", "--adam_beta2", "0.98", "--adam_epsilon", "1e-9",
+    "--label_smoothing_factor", "0.1", "--save_steps", "50", "--average_last_checkpoints", "3",
+    "--logging_steps", "25", "--per_device_eval_batch_size", "32", "--report_to", "none", "--use_cpu", "true",
+    "--disable_tqdm", "true", "--seed", "0",
+]  # fmt: skip
+
+
+@dataclass
+class TrainedRun:
+    output: Path
+    results: dict
+    commits: list = field(default_factory=list)  # (repo_id, {path_in_repo: bytes}) of every intercepted upload
+
+
+@contextmanager
+def intercepted_hub(commits: list):
+    """huggingface_hub with the network calls of an upload replaced: the commit is recorded, not sent.
+
+    The Hub checks a README's metadata server-side (`/api/validate-yaml`); here it is parsed by huggingface_hub's
+    own `ModelCard`, which raises on YAML or `model-index` it cannot read.
+    """
+    from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
+
+    def create_repo(self, repo_id, *args, **kwargs):
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(self, repo_id, operations, *args, **kwargs):
+        files = {}
+        for operation in operations:
+            source = operation.path_or_fileobj
+            files[operation.path_in_repo] = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
+        commits.append((repo_id, files))
+        return CommitInfo(
+            commit_url=f"https://huggingface.co/{repo_id}/commit/{'0' * 40}",
+            commit_message=kwargs.get("commit_message", ""),
+            commit_description="",
+            oid="0" * 40,
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(HfApi, "create_repo", create_repo)
+        patch.setattr(HfApi, "create_commit", create_commit)
+        patch.setattr(HfApi, "_validate_yaml", lambda self, content, **kwargs: ModelCard(content))
+        yield
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> TrainedRun:
+    """run_translation.py on a Multi30k slice (about 10 s), with --push_to_hub intercepted at the Hub boundary."""
+    import run_translation
+
+    output = tmp_path_factory.mktemp("run") / "model"
+    commits = []
+    with intercepted_hub(commits):
+        results = run_translation.main(
+            [*TINY_RUN, "--output_dir", str(output), "--push_to_hub", "true", "--hub_model_id", "someone/tiny-en-de"]
+        )
+    return TrainedRun(output, results, commits)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import MULTI30K, REPO_ROOT
+from conftest import REPO_ROOT, TEST, TRAIN
 from datasets import Dataset
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -16,38 +16,16 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 import run_translation
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
 
-TRAIN, VALIDATION, TEST = (str(MULTI30K / f"{split}.jsonl") for split in ("train", "validation", "test"))
-
-TINY_RUN = [
-    "--train_file", TRAIN, "--validation_file", VALIDATION, "--test_file", TEST,
-    "--max_train_samples", "3000", "--max_eval_samples", "40", "--max_predict_samples", "50",
-    "--preset", "small", "--vocab_size", "1000",
-    "--config_overrides", "d_model=64,encoder_ffn_dim=128,decoder_ffn_dim=128,encoder_layers=2,decoder_layers=2",
-    "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--num_beams", "2",
-    "--max_steps", "150", "--max_tokens_per_batch", "1500", "--lr_scheduler_type", "inverse_sqrt",
-    "--warmup_steps", "40", "--learning_rate_scale", "0.3", "--adam_beta2", "0.98", "--adam_epsilon", "1e-9",
-    "--label_smoothing_factor", "0.1", "--save_steps", "50", "--average_last_checkpoints", "3",
-    "--logging_steps", "25", "--per_device_eval_batch_size", "32", "--report_to", "none", "--use_cpu", "true",
-    "--disable_tqdm", "true", "--seed", "0",
-]  # fmt: skip
-
 OUTPUT_FILES = {
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
     "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "README.md", "all_results.json",
     "train_results.json", "eval_results.json", "predict_results.json", "generated_predictions.txt",
-    "trainer_state.json",
+    "trainer_state.json", "pipeline_translation.py",
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    output = tmp_path_factory.mktemp("run") / "model"
-    results = run_translation.main([*TINY_RUN, "--output_dir", str(output)])
-    return output, results
-
-
-def test_loss_falls_and_every_output_file_is_written(tiny_run):
-    output, results = tiny_run
+def test_loss_falls_and_every_output_file_is_written(trained_run):
+    output, results = trained_run.output, trained_run.results
     assert OUTPUT_FILES <= {path.name for path in output.iterdir()}
     state = json.loads((output / "trainer_state.json").read_text())
     losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
@@ -56,8 +34,8 @@ def test_loss_falls_and_every_output_file_is_written(tiny_run):
     assert json.loads((output / "all_results.json").read_text()) == pytest.approx(results)
 
 
-def test_bleu_comes_from_the_local_sacrebleu_metric(tiny_run):
-    output, results = tiny_run
+def test_bleu_comes_from_the_local_sacrebleu_metric(trained_run):
+    output, results = trained_run.output, trained_run.results
     predict = json.loads((output / "predict_results.json").read_text())
     assert predict["predict_bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert predict["predict_chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")
@@ -72,8 +50,8 @@ def test_bleu_comes_from_the_local_sacrebleu_metric(tiny_run):
     assert rescored["bleu"] == pytest.approx(predict["predict_bleu"])
 
 
-def test_output_folder_reloads_and_translates(tiny_run):
-    output, _ = tiny_run
+def test_output_folder_reloads_and_translates(trained_run):
+    output = trained_run.output
     tokenizer = AutoTokenizer.from_pretrained(output)
     model = AutoModelForSeq2SeqLM.from_pretrained(output)
     assert len(tokenizer) == model.config.vocab_size == 1000
@@ -84,8 +62,8 @@ def test_output_folder_reloads_and_translates(tiny_run):
     assert all(len(t.split()) >= 2 for t in translations), translations
 
 
-def test_model_card_metadata(tiny_run):
-    output, results = tiny_run
+def test_model_card_metadata(trained_run):
+    output, results = trained_run.output, trained_run.results
     card = ModelCard.load(output / "README.md")
     assert card.data.language == ["en", "de"] and card.data.pipeline_tag == "translation"
     assert {"translation", "vanilla-transformer"} <= set(card.data.tags)

@@ -9,7 +9,12 @@ from itertools import islice
 
 import pytest
 import torch
-from conftest import MULTI30K, REPO_ROOT, tiny_model
+from conftest import (
+    MULTI30K,
+    REPO_ROOT,
+    TRAIN,
+    tiny_model,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
@@ -18,8 +23,6 @@ import train_bpe
 from hf_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.tokenizer_training import MIN_VOCAB_SIZE, SPECIAL_TOKENS, train_shared_bpe
-
-TRAIN = str(MULTI30K / "train.jsonl")
 
 
 @pytest.fixture(scope="module")

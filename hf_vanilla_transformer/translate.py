@@ -1,0 +1,97 @@
+"""Translate a file or standard input with a trained model, one sentence a line.
+
+    vanilla-translate --model runs/multi30k-small --input sentences.en --output sentences.de
+    echo "A man is sleeping." | python -m hf_vanilla_transformer.translate --model runs/multi30k-small
+
+Lines are sorted by length into batches, so that little padding is computed, and written back in input order;
+an empty line stays an empty line. Decoding is the model's own (for ours the paper's: beam 4, length penalty
+0.6, at most source length + 50 tokens) unless --num_beams or --max_new_tokens say otherwise.
+"""
+
+import argparse
+import os
+import sys
+
+from tqdm.auto import tqdm
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="vanilla-translate", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="A model folder (from run_translation.py or the Hub cache).")
+    parser.add_argument("--input", default="-", help="File of sentences, one a line ('-': standard input).")
+    parser.add_argument("--output", default="-", help="File to write translations to ('-': standard output).")
+    parser.add_argument("--num_beams", type=int, default=None, help="Beam size (default: the model's).")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="Longest translation, in tokens.")
+    parser.add_argument("--batch_size", type=int, default=32, help="Sentences translated together.")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_arguments(argv)
+    try:
+        lines = read_lines(args.input)
+        translator = load_translator(args.model, args.device)
+    except (OSError, ValueError) as error:
+        sys.exit(f"vanilla-translate: error: {error}")
+    generate_kwargs = {
+        key: value for key, value in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens)) if value
+    }
+    translations = translate_lines(translator, lines, args.batch_size, generate_kwargs, show_progress=args.input != "-")
+    write_lines(args.output, translations)
+
+
+def read_lines(path: str) -> list[str]:
+    if path == "-":
+        return sys.stdin.read().splitlines()
+    if not os.path.isfile(path):
+        raise OSError(f"--input {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().splitlines()
+    except UnicodeDecodeError as error:
+        raise ValueError(f"--input {path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+
+
+def load_translator(model_path: str, device: str | None):
+    """A TranslationPipeline over the folder's model and tokenizer."""
+    if not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise OSError(f"--model {model_path}: not a model folder (no config.json)")
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_vanilla_transformer  # noqa: F401  (registers our model with the auto classes)
+    from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_path).to(device)
+    return TranslationPipeline(model=model, tokenizer=AutoTokenizer.from_pretrained(model_path), device=device)
+
+
+def translate_lines(translator, lines: list[str], batch_size: int, generate_kwargs: dict, show_progress: bool):
+    """Translations of `lines`, in order; blank lines give empty lines. Batches hold sentences of similar length."""
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    lengths = [len(ids) for ids in translator.tokenizer([lines[i] for i in todo])["input_ids"]] if todo else []
+    order = [todo[j] for j in sorted(range(len(todo)), key=lengths.__getitem__, reverse=True)]
+    translations = [""] * len(lines)
+    outputs = translator((lines[i] for i in order), batch_size=batch_size, **generate_kwargs)
+    for index, output in tqdm(
+        zip(order, outputs), total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr
+    ):
+        translations[index] = output[0]["translation_text"]
+    return translations
+
+
+def write_lines(path: str, lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines)
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    temporary = f"{path}.partial"
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(text)
+    os.replace(temporary, path)
+
+
+if __name__ == "__main__":
+    main()
