@@ -620,17 +620,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 logits.flatten(0, 1).float(), labels.flatten().to(logits.device), num_items_in_batch
             )
 
-        return Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            cache=outputs.cache,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-        )
+        decoder_and_encoder_outputs = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        return Seq2SeqLMOutput(loss=loss, logits=logits, **decoder_and_encoder_outputs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
