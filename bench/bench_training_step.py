@@ -1,0 +1,232 @@
+"""Training-step speed against the peers a user would pick instead, and against this CPU's matmul limit.
+
+    python bench/bench_training_step.py --preset small --repetitions 5
+
+One training step (forward, backward, Adam step) of three models of the same size and shape, on the same batches
+cut from Multi30k train by our token-budget sampler: ours, transformers' MarianMTModel configured to match
+(post-LN, sinusoidal positions, sqrt(d_model) scale, shared and tied embeddings, ReLU), and torch.nn.Transformer
+with the same embeddings and output layer. Repetitions are interleaved (ours, Marian, nn, ours, ...) and the
+median kept. Also measured in the same run: dense fp32 matmul FLOP/s (torch.matmul, 2048x2048), and our step's
+model FLOPs utilisation = analytic FLOPs of the batch / step time / matmul FLOP/s.
+"""
+
+import argparse
+import math
+import os
+import sys
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import MULTI30K, interleaved_medians, machine, write_results  # noqa: E402
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+from hf_vanilla_transformer.data import file_sentences, read_translation_file  # noqa: E402
+from hf_vanilla_transformer.tokenizer_training import train_shared_bpe  # noqa: E402
+from hf_vanilla_transformer.training import TokenBudgetBatchSampler  # noqa: E402
+
+
+def multi30k_batches(count: int, max_tokens: int, seed: int = 0):
+    """`count` padded training batches of Multi30k en-de, as our Trainer would cut them, and the tokenizer."""
+    from transformers import DataCollatorForSeq2Seq
+
+    train_file = os.path.join(MULTI30K, "train.jsonl")
+    tokenizer = train_shared_bpe(file_sentences([train_file], "en", "de"), vocab_size=8000)
+    pairs = list(read_translation_file(train_file, "en", "de"))
+    encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
+    sampler = TokenBudgetBatchSampler(
+        [len(ids) for ids in encoded["input_ids"]], [len(ids) for ids in encoded["labels"]], max_tokens, seed=seed
+    )
+    collate = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
+    batches = []
+    for indices in list(sampler)[:count]:
+        features = [{"input_ids": encoded["input_ids"][i], "labels": encoded["labels"][i]} for i in indices]
+        batch = collate(features)
+        labels = batch["labels"]
+        decoder_input_ids = torch.full_like(labels, tokenizer.bos_token_id)
+        decoder_input_ids[:, 1:] = labels[:, :-1].masked_fill(labels[:, :-1] == -100, tokenizer.pad_token_id)
+        batch["decoder_input_ids"] = decoder_input_ids
+        batches.append(dict(batch))
+    return batches, tokenizer
+
+
+def marian_like(config: VanillaTransformerConfig):
+    """MarianMTModel with our shape: post-LN, sinusoidal, scaled and tied embeddings, ReLU, same dropouts."""
+    from transformers import MarianConfig, MarianMTModel
+
+    model = MarianMTModel(
+        MarianConfig(
+            vocab_size=config.vocab_size,
+            d_model=config.d_model,
+            encoder_layers=config.encoder_layers,
+            decoder_layers=config.decoder_layers,
+            encoder_attention_heads=config.encoder_attention_heads,
+            decoder_attention_heads=config.decoder_attention_heads,
+            encoder_ffn_dim=config.encoder_ffn_dim,
+            decoder_ffn_dim=config.decoder_ffn_dim,
+            activation_function="relu",
+            dropout=config.dropout,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            scale_embedding=True,
+            share_encoder_decoder_embeddings=True,
+            tie_word_embeddings=True,
+            max_position_embeddings=config.max_position_embeddings,
+            pad_token_id=config.pad_token_id,
+            eos_token_id=config.eos_token_id,
+            decoder_start_token_id=config.decoder_start_token_id,
+            forced_eos_token_id=None,
+        )
+    )
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+class TorchTransformerTranslator(nn.Module):
+    """torch.nn.Transformer (post-LN, ReLU) with our embeddings, sinusoids and tied output layer."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__()
+        from hf_vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
+
+        d = config.d_model
+        self.embedding = nn.Embedding(config.vocab_size, d)
+        self.register_buffer(
+            "positions",
+            VanillaTransformerSinusoidalPositionalEncoding.compute_encoding(config.max_position_embeddings, d),
+            persistent=False,
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        encoder_layer = nn.TransformerEncoderLayer(
+            d, config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout, batch_first=True
+        )
+        decoder_layer = nn.TransformerDecoderLayer(
+            d, config.decoder_attention_heads, config.decoder_ffn_dim, config.dropout, batch_first=True
+        )
+        self.transformer = nn.Transformer(
+            d,
+            custom_encoder=nn.TransformerEncoder(encoder_layer, config.encoder_layers, enable_nested_tensor=False),
+            custom_decoder=nn.TransformerDecoder(decoder_layer, config.decoder_layers),
+            batch_first=True,
+        )
+        self.scale = math.sqrt(d)
+        self.pad_token_id = config.pad_token_id
+
+    def embed(self, ids):
+        return self.dropout(self.embedding(ids) * self.scale + self.positions[: ids.shape[1]])
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids, labels):
+        causal = nn.Transformer.generate_square_subsequent_mask(decoder_input_ids.shape[1])
+        padding = attention_mask == 0
+        hidden = self.transformer(
+            self.embed(input_ids),
+            self.embed(decoder_input_ids),
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            src_key_padding_mask=padding,
+            memory_key_padding_mask=padding,
+        )
+        logits = hidden @ self.embedding.weight.T
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def step_function(model, batches, loss_of):
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    model.train()
+
+    def run():
+        for batch in batches:
+            loss = loss_of(model, batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return run
+
+
+def hf_loss(model, batch):
+    return model(**batch).loss
+
+
+def torch_loss(model, batch):
+    return model(batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"], batch["labels"])
+
+
+def matmul_flops_per_second(size: int = 2048, repetitions: int = 10) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(2):
+        a @ b
+    seconds = interleaved_medians({"matmul": lambda: a @ b}, repetitions)["matmul"]
+    return 2 * size**3 / seconds
+
+
+def training_flops(config: VanillaTransformerConfig, batch) -> float:
+    """Analytic FLOPs of one training step on `batch` (3x the forward's matmul FLOPs), over real tokens."""
+    d, vocab = config.d_model, config.vocab_size
+    source_tokens = int(batch["attention_mask"].sum())
+    target_tokens = int((batch["labels"] != -100).sum())
+    source_length, target_length = batch["input_ids"].shape[1], batch["labels"].shape[1]
+    encoder = config.encoder_layers * source_tokens * (4 * d * d + 2 * d * config.encoder_ffn_dim + 2 * source_length * d)
+    decoder = config.decoder_layers * (
+        target_tokens * (6 * d * d + 2 * d * config.decoder_ffn_dim + 2 * target_length * d + 2 * source_length * d)
+        + source_tokens * 2 * d * d  # cross-attention keys and values
+    )
+    output = target_tokens * d * vocab
+    return 3 * 2 * (encoder + decoder + output)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--batches", type=int, default=8, help="Batches per timed repetition.")
+    parser.add_argument("--max_tokens", type=int, default=2048)
+    parser.add_argument("--repetitions", type=int, default=5)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    batches, tokenizer = multi30k_batches(args.batches, args.max_tokens)
+    config = VanillaTransformerConfig.from_preset(args.preset, vocab_size=len(tokenizer))
+    ours = VanillaTransformerForConditionalGeneration(config)
+    ours.set_attn_implementation("sdpa")
+    candidates = {
+        "ours": step_function(ours, batches, hf_loss),
+        "MarianMTModel": step_function(marian_like(config), batches, hf_loss),
+        "torch.nn.Transformer": step_function(TorchTransformerTranslator(config), batches, torch_loss),
+    }
+    for run in candidates.values():  # warm-up
+        run()
+    matmul = matmul_flops_per_second()
+    medians = interleaved_medians(candidates, args.repetitions)
+    matmul_after = matmul_flops_per_second()
+
+    target_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)
+    rates = {name: target_tokens / seconds for name, seconds in medians.items()}
+    flops = sum(training_flops(config, b) for b in batches)
+    mfu = flops / medians["ours"] / max(matmul, matmul_after)
+    padded = sum(b["labels"].numel() for b in batches)
+    results = {
+        "machine": machine(),
+        "preset": args.preset,
+        "parameters": ours.num_parameters(),
+        "batches": args.batches,
+        "max_tokens": args.max_tokens,
+        "target_tokens_per_repetition": target_tokens,
+        "target_padding_fraction": round(1 - target_tokens / padded, 4),
+        "target_tokens_per_second": {name: round(rate) for name, rate in rates.items()},
+        "ratio_ours_to": {name: round(rates["ours"] / rate, 3) for name, rate in rates.items() if name != "ours"},
+        "matmul_gflops": round(max(matmul, matmul_after) / 1e9, 1),
+        "model_gflops_per_repetition": round(flops / 1e9, 1),
+        "mfu": round(mfu, 3),
+        "repetitions": args.repetitions,
+    }
+    print(f"{args.preset} preset, {args.batches} batches of <= {args.max_tokens} tokens, {target_tokens} target tokens")
+    print(f"{'model':<24} {'target tokens/s':>16} {'ours / this':>12}")
+    for name, rate in rates.items():
+        print(f"{name:<24} {rate:>16,.0f} {rates['ours'] / rate:>12.2f}")
+    print(f"matmul: {results['matmul_gflops']} GFLOP/s; our step: {flops / medians['ours'] / 1e9:.1f} GFLOP/s; MFU {mfu:.1%}")
+    print("wrote", write_results(f"training_step_{args.preset}", results))
+
+
+if __name__ == "__main__":
+    main()
