@@ -167,7 +167,9 @@ def training_flops(config: VanillaTransformerConfig, batch) -> float:
     source_tokens = int(batch["attention_mask"].sum())
     target_tokens = int((batch["labels"] != -100).sum())
     source_length, target_length = batch["input_ids"].shape[1], batch["labels"].shape[1]
-    encoder = config.encoder_layers * source_tokens * (4 * d * d + 2 * d * config.encoder_ffn_dim + 2 * source_length * d)
+    encoder = (
+        config.encoder_layers * source_tokens * (4 * d * d + 2 * d * config.encoder_ffn_dim + 2 * source_length * d)
+    )
     decoder = config.decoder_layers * (
         target_tokens * (6 * d * d + 2 * d * config.decoder_ffn_dim + 2 * target_length * d + 2 * source_length * d)
         + source_tokens * 2 * d * d  # cross-attention keys and values
@@ -224,7 +226,9 @@ def main():
     print(f"{'model':<24} {'target tokens/s':>16} {'ours / this':>12}")
     for name, rate in rates.items():
         print(f"{name:<24} {rate:>16,.0f} {rates['ours'] / rate:>12.2f}")
-    print(f"matmul: {results['matmul_gflops']} GFLOP/s; our step: {flops / medians['ours'] / 1e9:.1f} GFLOP/s; MFU {mfu:.1%}")
+    print(
+        f"matmul: {results['matmul_gflops']} GFLOP/s; our step: {flops / medians['ours'] / 1e9:.1f} GFLOP/s; MFU {mfu:.1%}"
+    )
     print("wrote", write_results(f"training_step_{args.preset}", results))
 
 

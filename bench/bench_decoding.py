@@ -1,0 +1,92 @@
+"""Decoding speed: ours against MarianMTModel of the same size, greedy and beam 4, batch 1 and batch 64.
+
+    python bench/bench_decoding.py --repetitions 3
+
+Sources are real Multi30k test sentences (all 1,000 for batch 64; the first --batch1_sentences for batch 1).
+Both models are untrained and of the same shape, so each is made to produce exactly --new_tokens tokens per
+sentence (`min_new_tokens = max_new_tokens`): the work per sentence is equal and the comparison is of speed
+alone. Repetitions are interleaved (ours, Marian, ours, ...); medians are reported as sentences per second.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.bench_training_step import marian_like  # noqa: E402
+from bench.common import MULTI30K, interleaved_medians, machine, write_results  # noqa: E402
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+from hf_vanilla_transformer.data import file_sentences, read_translation_file  # noqa: E402
+from hf_vanilla_transformer.tokenizer_training import train_shared_bpe  # noqa: E402
+
+
+def decode_all(model, batches, **generate_kwargs):
+    def run():
+        with torch.no_grad():
+            for batch in batches:
+                model.generate(**batch, **generate_kwargs)
+
+    return run
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--new_tokens", type=int, default=20)
+    parser.add_argument("--batch1_sentences", type=int, default=200)
+    parser.add_argument("--repetitions", type=int, default=3)
+    args = parser.parse_args()
+
+    tokenizer = train_shared_bpe(file_sentences([os.path.join(MULTI30K, "train.jsonl")], "en", "de"), vocab_size=8000)
+    sources = [source for source, _ in read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de")]
+    config = VanillaTransformerConfig.from_preset(args.preset, vocab_size=len(tokenizer))
+    torch.manual_seed(0)
+    models = {
+        "ours": VanillaTransformerForConditionalGeneration(config).eval(),
+        "MarianMTModel": marian_like(config).eval(),
+    }
+    for model in models.values():
+        model.set_attn_implementation("sdpa")
+
+    results = {"machine": machine(), "preset": args.preset, "new_tokens": args.new_tokens, "settings": {}}
+    print(
+        f"{'setting':<22} {'sentences':>9} " + " ".join(f"{name + ' sent/s':>20}" for name in models) + f" {'ratio':>7}"
+    )
+    for batch_size, sentences in ((1, sources[: args.batch1_sentences]), (64, sources)):
+        batches = [
+            dict(tokenizer(sentences[i : i + batch_size], return_tensors="pt", padding=True))
+            for i in range(0, len(sentences), batch_size)
+        ]
+        for beams in (1, 4):
+            generate_kwargs = dict(
+                num_beams=beams,
+                do_sample=False,
+                min_new_tokens=args.new_tokens,
+                max_new_tokens=args.new_tokens,
+            )
+            candidates = {name: decode_all(model, batches[:2], **generate_kwargs) for name, model in models.items()}
+            for warm_up in candidates.values():
+                warm_up()
+            candidates = {name: decode_all(model, batches, **generate_kwargs) for name, model in models.items()}
+            medians = interleaved_medians(candidates, args.repetitions)
+            rates = {name: len(sentences) / seconds for name, seconds in medians.items()}
+            setting = f"{'greedy' if beams == 1 else 'beam 4'}, batch {batch_size}"
+            ratio = rates["ours"] / rates["MarianMTModel"]
+            results["settings"][setting] = {
+                "sentences": len(sentences),
+                "sentences_per_second": {name: round(rate, 1) for name, rate in rates.items()},
+                "ratio_ours_to_marian": round(ratio, 3),
+            }
+            print(
+                f"{setting:<22} {len(sentences):>9} "
+                + " ".join(f"{rate:>20.1f}" for rate in rates.values())
+                + f" {ratio:>7.2f}"
+            )
+    print("wrote", write_results(f"decoding_{args.preset}", results))
+
+
+if __name__ == "__main__":
+    main()
