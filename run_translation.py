@@ -188,7 +188,7 @@ def prepare(model_args: ModelArguments, data_args: DataTrainingArguments, traini
             data_args.source_lang, data_args.target_lang, limit,
         )  # fmt: skip
 
-    tokenizer = load_or_train_tokenizer(model_args, data_args, splits)
+    tokenizer = load_or_train_tokenizer(model_args, splits, training_args.resume_from_checkpoint)
     model = load_or_build_model(model_args, tokenizer)
     if training_args.learning_rate_scale is not None:
         if not training_args.warmup_steps or training_args.warmup_steps < 1:
@@ -214,8 +214,15 @@ def prepare(model_args: ModelArguments, data_args: DataTrainingArguments, traini
     return model_args, data_args, training_args, tokenizer, model, splits, tokenized
 
 
-def load_or_train_tokenizer(model_args, data_args, splits):
+def load_or_train_tokenizer(model_args, splits, resume_from_checkpoint: str | None):
+    """The given tokenizer, the fine-tuned model's, the checkpoint's when resuming, or a new shared BPE."""
     source = model_args.tokenizer_name or model_args.model_name_or_path
+    if (
+        source is None
+        and resume_from_checkpoint
+        and os.path.isfile(os.path.join(resume_from_checkpoint, "tokenizer.json"))
+    ):
+        source = resume_from_checkpoint
     if source is not None:
         if not os.path.isdir(source):
             raise ValueError(f"--tokenizer_name {source}: no such folder")

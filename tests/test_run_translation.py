@@ -173,3 +173,19 @@ def test_two_processes_share_each_epoch(tmp_path):
         state = json.loads((output / "trainer_state.json").read_text())
         epochs[processes] = state["log_history"][0]["epoch"]
     assert epochs[2] == pytest.approx(2 * epochs[1], rel=0.05)
+
+
+def test_resume_from_checkpoint(tmp_path):
+    tiny = [
+        "--train_file", TRAIN, "--max_train_samples", "600", "--vocab_size", "400",
+        "--config_overrides", "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1",
+        "--do_train", "--max_tokens_per_batch", "600", "--save_steps", "4", "--logging_steps", "2",
+        "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true", "--output_dir", str(tmp_path / "run"),
+    ]  # fmt: skip
+    run_translation.main([*tiny, "--max_steps", "4"])
+    checkpoint = tmp_path / "run" / "checkpoint-4"
+    assert (checkpoint / "model.safetensors").exists()
+    run_translation.main([*tiny, "--max_steps", "8", "--resume_from_checkpoint", str(checkpoint)])
+    state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
+    assert state["global_step"] == 8
+    assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [2, 4, 6, 8]
