@@ -1,6 +1,6 @@
 """sacreBLEU and chrF as one local `evaluate` metric module.
 
-`evaluate.load("sacrebleu")` downloads its script from the Hugging Face Hub, so it fails offline. This file is an
+Loading the Hub's own sacrebleu module with `evaluate.load` downloads its script, so it fails offline. This file is an
 evaluate metric module of its own (the class below), which `load_translation_metric()` loads from disk:
 
     metric = load_translation_metric()
