@@ -47,6 +47,12 @@ def test_preset_overrides_and_unknown_preset():
         VanillaTransformerConfig.from_preset("huge")
 
 
+def test_small_preset_size():
+    with torch.device("meta"):
+        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("small"))
+    assert model.config.vocab_size == 8000 and round(model.num_parameters() / 1e6, 1) == 7.6
+
+
 @pytest.mark.parametrize("preset, paper_millions", [("base", 65), ("big", 213)])
 def test_parameter_count_matches_table_3(preset, paper_millions):
     with torch.device("meta"):
