@@ -87,17 +87,20 @@ def render_model_card(
     )
 
 
-def describe_hardware() -> str:
-    """The accelerators or the CPU that trained the model, for the card and the benchmarks."""
-    if torch.cuda.is_available():
-        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    cpu = "CPU"
+def cpu_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it ("CPU" where there is none)."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            cpu = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
     except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+        return "CPU"
+
+
+def describe_hardware() -> str:
+    """The accelerators or the CPU that trained the model, for the card."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
 # What run_translation.py's output folder holds that is not part of the model: the Trainer's own state.

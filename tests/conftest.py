@@ -139,3 +139,8 @@ def trained_run(tmp_path_factory) -> TrainedRun:
             [*TINY_RUN, "--output_dir", str(output), "--push_to_hub", "true", "--hub_model_id", "someone/tiny-en-de"]
         )
     return TrainedRun(output, results, commits)
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)

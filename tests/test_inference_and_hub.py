@@ -151,7 +151,8 @@ def test_model_card_sections_and_metadata(trained_run):
         assert heading in card.text
     assert "Attention Is All You Need" in card.text and "@inproceedings{vaswani2017attention" in card.text
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in card.text  # the sacreBLEU signature
-    assert 'AutoModelForSeq2SeqLM.from_pretrained("someone/tiny-en-de", trust_remote_code=True)' in card.text
+    repo_id = "someone/tiny-en-de"
+    assert f'AutoModelForSeq2SeqLM.from_pretrained("{repo_id}", trust_remote_code=True)' in card.text
     data = card.data.to_dict()
     assert data["language"] == ["en", "de"] and data["license"] == "apache-2.0"
     assert data["metrics"] == ["bleu", "chrf"] and data["pipeline_tag"] == "translation"

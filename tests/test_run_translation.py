@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO_ROOT, TEST, TRAIN
+from conftest import REPO_ROOT, TEST, TRAIN, write_lines
 from datasets import Dataset
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -80,11 +80,6 @@ def test_tokenization_truncates_to_the_given_lengths():
     tokenized = run_translation.tokenize(dataset, tokenizer, max_source_length=8, max_target_length=5)
     assert len(tokenized[0]["input_ids"]) == 8 and tokenized[0]["input_ids"][-1] == tokenizer.eos_token_id
     assert len(tokenized[0]["labels"]) == 5 and tokenized[0]["labels"][-1] == tokenizer.eos_token_id
-
-
-def write_lines(path, lines):
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return str(path)
 
 
 GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})

@@ -9,12 +9,7 @@ from itertools import islice
 
 import pytest
 import torch
-from conftest import (
-    MULTI30K,
-    REPO_ROOT,
-    TRAIN,
-    tiny_model,
-)
+from conftest import MULTI30K, REPO_ROOT, TRAIN, tiny_model, write_lines
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
@@ -171,11 +166,6 @@ def test_plain_text_files_dataset_folders_and_max_sentences(tmp_path):
                     "--vocab_size", "300", "--output_dir", str(tmp_path / "english_only")])  # fmt: skip
     vocabulary = AutoTokenizer.from_pretrained(tmp_path / "english_only").get_vocab()
     assert "Ġsmall" in vocabulary and "Ġkleine" not in vocabulary
-
-
-def write_lines(path, lines):
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return str(path)
 
 
 GOOD_ROW = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
