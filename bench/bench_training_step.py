@@ -132,7 +132,8 @@ class TorchTransformerTranslator(nn.Module):
 
 
 def step_function(model, batches, loss_of):
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    # fused, as the Trainer's default optimizer in transformers 5 (adamw_torch_fused) is
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
     model.train()
 
     def run():

@@ -623,6 +623,19 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_and_encoder_outputs = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         return Seq2SeqLMOutput(loss=loss, logits=logits, **decoder_and_encoder_outputs)
 
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search's reordering of the cache after each step, for the decoder's own keys and values only.
+
+        A beam only ever continues a beam of its own sentence, and all beams of a sentence attend to the same
+        source, so the encoder-decoder attention keys and values are equal in every pair of rows a reorder would
+        swap: copying them (what `EncoderDecoderCache.reorder_cache` does) would change nothing.
+        """
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            cache.reorder_cache(beam_idx)
+        return cache
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 

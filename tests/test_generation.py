@@ -160,3 +160,23 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch(num_beams, dtyp
         length = int(MASK[row].sum())
         alone = model.generate(SOURCES[row : row + 1, :length], num_beams=num_beams).tolist()[0]
         assert new_tokens(batch[row]) == new_tokens(alone)
+
+
+def test_beam_search_leaves_the_cross_attention_cache_unreordered_with_the_same_result():
+    model = tiny_model()
+    sources = torch.cat([SOURCES, SOURCES.flip(0)])
+    mask = (sources != PAD).long()
+    kwargs = dict(attention_mask=mask, num_beams=4, max_new_tokens=10, return_dict_in_generate=True, output_scores=True)
+    ours = model.generate(sources, **kwargs)
+    cross_reorders = []
+
+    def reorder_everything(cache, beam_idx):
+        cross_reorders.append(beam_idx)
+        cache.reorder_cache(beam_idx)
+        return cache
+
+    model._reorder_cache = reorder_everything  # what transformers does for a model without its own
+    everything = model.generate(sources, **kwargs)
+    assert len(cross_reorders) == 10 and any((idx != torch.arange(16)).any() for idx in cross_reorders)
+    assert ours.sequences.tolist() == everything.sequences.tolist()
+    assert torch.equal(ours.sequences_scores, everything.sequences_scores)
