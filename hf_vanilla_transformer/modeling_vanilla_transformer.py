@@ -18,6 +18,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList
+from transformers.loss.loss_utils import fixed_cross_entropy
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -532,25 +533,6 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 # --- The head: tied pre-softmax projection, loss and decoding (Sections 3.4, 5.4, 6.1) ------------------------------
 
 
-def label_smoothed_cross_entropy(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    label_smoothing: float = 0.0,
-    num_items_in_batch: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Section 5.4: cross-entropy against targets smoothed with epsilon_ls = `label_smoothing`, over labels != -100.
-
-    The mean over this batch's target tokens, or the sum divided by `num_items_in_batch` (the target tokens of the
-    whole accumulated batch). transformers' `fixed_cross_entropy` does the same without smoothing, and the Trainer's
-    `LabelSmoother` smooths in several passes over the logits; torch's `cross_entropy` does both in one.
-    """
-    reduction = "mean" if num_items_in_batch is None else "sum"
-    loss = nn.functional.cross_entropy(
-        logits.flatten(0, 1).float(), labels.flatten(), reduction=reduction, label_smoothing=label_smoothing
-    )
-    return loss if num_items_in_batch is None else loss / num_items_in_batch
-
-
 class SourceLengthLimitLogitsProcessor(LogitsProcessor):
     """Section 6.1: each sentence's output ends by its source length + 50 tokens.
 
@@ -576,8 +558,8 @@ class SourceLengthLimitLogitsProcessor(LogitsProcessor):
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
     """Section 3 with Section 3.4's output: decoder output x the shared embedding matrix^T, then softmax.
 
-    `labels` give the cross-entropy loss over non-ignored (-100) positions, label-smoothed (Section 5.4) when
-    `epsilon_ls` is given. `generate()` defaults to the paper's decoding (Section 6.1): beam 4,
+    `labels` give the cross-entropy loss over non-ignored (-100) positions; label smoothing (Section 5.4) is the
+    Trainer's `label_smoothing_factor`. `generate()` defaults to the paper's decoding (Section 6.1): beam 4,
     length penalty 0.6, at most source length + 50 new tokens.
     """
 
@@ -604,7 +586,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        epsilon_ls: float = 0.0,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
@@ -612,10 +593,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             labels shifted right (`shift_tokens_right`).
         num_items_in_batch: the number of target tokens in the whole (accumulated) batch, which the Trainer passes
             so that the loss is the mean over all of them; otherwise the mean over this batch's targets.
-        epsilon_ls: Section 5.4's label smoothing: the loss is (1 - epsilon_ls) x cross-entropy + epsilon_ls x the
-            mean over the vocabulary of -log p, the same as the Trainer's `LabelSmoother` but in one fused
-            `cross_entropy` (`TokenBudgetSeq2SeqTrainer` passes its `label_smoothing_factor` here). Not named
-            `label_*`: the Trainer would take any such argument for a label column.
 
         Other arguments as in [`VanillaTransformerModel.forward`].
         """
@@ -639,7 +616,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = label_smoothed_cross_entropy(logits, labels.to(logits.device), epsilon_ls, num_items_in_batch)
+            loss = fixed_cross_entropy(
+                logits.flatten(0, 1).float(), labels.flatten().to(logits.device), num_items_in_batch
+            )
 
         decoder_and_encoder_outputs = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         return Seq2SeqLMOutput(loss=loss, logits=logits, **decoder_and_encoder_outputs)

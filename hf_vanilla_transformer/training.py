@@ -9,12 +9,9 @@ checkpoint averaging, and a `Seq2SeqTrainer` that uses them.
   transformers' `inverse_sqrt` schedule, lr * min(step / warmup, sqrt(warmup / step)), with the peak
   lr = d_model^-0.5 * warmup^-0.5 (`paper_learning_rate`), so we use it as it is.
 - Checkpoint averaging (Section 6.1): "we used a single model obtained by averaging the last 5 checkpoints".
-- Label smoothing (Section 5.4) is set with the Trainer's own `label_smoothing_factor`; our Trainer has the model
-  apply it in its loss, one fused `cross_entropy`, instead of the Trainer's `LabelSmoother`, which takes several
-  passes over the logits (bench/bench_trainer_throughput.py measures the difference).
+- Label smoothing (Section 5.4) is the Trainer's own `label_smoothing_factor`.
 """
 
-import inspect
 import os
 import random
 import re
@@ -146,25 +143,13 @@ def load_averaged_checkpoints(model: torch.nn.Module, folders: Sequence[str]) ->
 
 class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` whose training batches hold about `max_tokens_per_batch` tokens (per process and step of
-    gradient accumulation) instead of a fixed number of sentences; with `max_tokens_per_batch=None` the batches are
-    the stock ones. The train dataset needs `input_ids` and `labels` columns.
-
-    When the model's forward takes `epsilon_ls` (ours does), `label_smoothing_factor` is handed to it rather
-    than to the Trainer's `LabelSmoother`: the same loss, computed in one fused pass over the logits.
+    gradient accumulation) instead of a fixed number of sentences. With `max_tokens_per_batch=None` it is the
+    plain `Seq2SeqTrainer`. The train dataset needs `input_ids` and `labels` columns.
     """
 
     def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_tokens_per_batch = max_tokens_per_batch
-        self.epsilon_ls = 0.0
-        forward = self.accelerator.unwrap_model(self.model).forward
-        if self.label_smoother is not None and "epsilon_ls" in inspect.signature(forward).parameters:
-            self.epsilon_ls, self.label_smoother = self.args.label_smoothing_factor, None
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self.epsilon_ls and "labels" in inputs:
-            inputs = {**inputs, "epsilon_ls": self.epsilon_ls}
-        return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
 
     def get_train_dataloader(self) -> DataLoader:
         if self.max_tokens_per_batch is None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import LETTERS, letter_tokenizer, tiny_model
 from datasets import Dataset
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, get_scheduler
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, get_scheduler
 
 from hf_vanilla_transformer.training import (
     TokenBudgetBatchSampler,
@@ -136,33 +136,3 @@ def test_trainer_batches_by_token_budget_with_gradient_accumulation(tmp_path):
     assert len({len(batch["input_ids"]) for batch in batches}) > 3  # the number of sentences varies, tokens do not
     trainer.train()
     assert trainer.state.global_step == 3
-
-
-def test_label_smoothing_is_the_models_fused_loss_and_equals_the_trainers_label_smoother(tmp_path):
-    tokenizer = letter_tokenizer()
-    sources = ["a b c d", "e f", "g h i j k l", "m"]
-    dataset = Dataset.from_dict(dict(tokenizer(sources, text_target=[s[::-1] for s in sources])))
-    model = tiny_model(vocab_size=len(tokenizer))
-    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
-    batch = collator([dataset[i] for i in range(4)])
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to=[], use_cpu=True)
-    ours = TokenBudgetSeq2SeqTrainer(model=model, args=args, data_collator=collator)
-    stock = Seq2SeqTrainer(model=model, args=args, data_collator=collator)
-    assert ours.label_smoother is None and ours.epsilon_ls == 0.1 and stock.label_smoother is not None
-
-    target_tokens = int((batch["labels"] != -100).sum())
-    with torch.no_grad():
-        for num_items_in_batch in (None, torch.tensor(3 * target_tokens)):
-            losses = [
-                trainer.compute_loss(model, dict(batch), num_items_in_batch=num_items_in_batch)
-                for trainer in (ours, stock)
-            ]
-            assert torch.allclose(losses[0], losses[1], rtol=1e-6)
-        log_probs = model(**{k: v for k, v in batch.items() if k != "labels"}).logits.log_softmax(-1)
-    real = batch["labels"] != -100
-    nll = -log_probs[real].gather(-1, batch["labels"][real][:, None]).squeeze(-1)
-    equation = (0.9 * nll - 0.1 * log_probs[real].mean(-1)).mean()  # (1 - eps) CE + eps CE against uniform
-    assert torch.allclose(losses[0] * 3, equation, rtol=1e-5)
-    assert ours.label_names == stock.label_names == ["labels"]
-    ours_eval, stock_eval = (trainer.prediction_step(model, dict(batch), False)[0] for trainer in (ours, stock))
-    assert torch.allclose(ours_eval, stock_eval, rtol=1e-6)
