@@ -3,7 +3,8 @@
     python bench/profile_training_step.py --preset small --batches 4
 
 Prints, for each model, the share of the step's CPU time in matrix products, dropout masks, softmax and loss,
-the attention kernel and everything else, then torch.profiler's table of the costliest operators.
+the attention kernel and everything else, then torch.profiler's table of the costliest operators; the shares go
+to bench/results/profile_training_step_PRESET.json.
 """
 
 import argparse
@@ -16,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_training_step import hf_loss, marian_like, multi30k_batches, step_function  # noqa: E402
+from bench.common import machine, write_results  # noqa: E402
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
 
 CATEGORIES = {
@@ -39,6 +41,7 @@ def main():
     config = VanillaTransformerConfig.from_preset(args.preset, vocab_size=len(tokenizer))
     ours = VanillaTransformerForConditionalGeneration(config)
     ours.set_attn_implementation("sdpa")
+    results = {"machine": machine(), "preset": args.preset, "batches": args.batches, "models": {}}
     for name, model in {"ours": ours, "MarianMTModel": marian_like(config)}.items():
         run = step_function(model, batches, hf_loss)
         run()  # warm-up
@@ -55,6 +58,11 @@ def main():
         for category, share in shares.items():
             print(f"  {category:<18} {share:6.1%}")
         print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=50))
+        results["models"][name] = {
+            "cpu_ms_per_batch": round(total / 1e3 / args.batches),
+            "shares": {category: round(share, 4) for category, share in shares.items()},
+        }
+    print("wrote", write_results(f"profile_training_step_{args.preset}", results))
 
 
 if __name__ == "__main__":
