@@ -17,10 +17,15 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_training_step import marian_like  # noqa: E402
-from bench.common import MULTI30K, interleaved_medians, machine, write_results  # noqa: E402
+from bench.common import interleaved_medians, machine, multi30k_sources, multi30k_tokenizer, write_results  # noqa: E402
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from hf_vanilla_transformer.data import file_sentences, read_translation_file  # noqa: E402
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe  # noqa: E402
+
+
+def source_batches(tokenizer, sentences: list[str], batch_size: int) -> list[dict]:
+    return [
+        dict(tokenizer(sentences[i : i + batch_size], return_tensors="pt", padding=True))
+        for i in range(0, len(sentences), batch_size)
+    ]
 
 
 def decode_all(model, batches, **generate_kwargs):
@@ -40,8 +45,8 @@ def main():
     parser.add_argument("--repetitions", type=int, default=3)
     args = parser.parse_args()
 
-    tokenizer = train_shared_bpe(file_sentences([os.path.join(MULTI30K, "train.jsonl")], "en", "de"), vocab_size=8000)
-    sources = [source for source, _ in read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de")]
+    tokenizer = multi30k_tokenizer()
+    sources = multi30k_sources()
     config = VanillaTransformerConfig.from_preset(args.preset, vocab_size=len(tokenizer))
     torch.manual_seed(0)
     models = {
@@ -56,10 +61,7 @@ def main():
         f"{'setting':<22} {'sentences':>9} " + " ".join(f"{name + ' sent/s':>20}" for name in models) + f" {'ratio':>7}"
     )
     for batch_size, sentences in ((1, sources[: args.batch1_sentences]), (64, sources)):
-        batches = [
-            dict(tokenizer(sentences[i : i + batch_size], return_tensors="pt", padding=True))
-            for i in range(0, len(sentences), batch_size)
-        ]
+        batches = source_batches(tokenizer, sentences, batch_size)
         for beams in (1, 4):
             generate_kwargs = dict(
                 num_beams=beams,

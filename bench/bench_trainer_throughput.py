@@ -23,10 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from datasets import Dataset  # noqa: E402
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments  # noqa: E402
 
-from bench.common import MULTI30K, machine, write_results  # noqa: E402
+from bench.common import machine, multi30k_encoded, multi30k_tokenizer, write_results  # noqa: E402
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from hf_vanilla_transformer.data import file_sentences, read_translation_file  # noqa: E402
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe  # noqa: E402
 from hf_vanilla_transformer.training import TokenBudgetBatchSampler, TokenBudgetSeq2SeqTrainer  # noqa: E402
 
 
@@ -99,17 +97,15 @@ def main():
     parser.add_argument("--repetitions", type=int, default=3)
     args = parser.parse_args()
 
-    train_file = os.path.join(MULTI30K, "train.jsonl")
-    tokenizer = train_shared_bpe(file_sentences([train_file], "en", "de"), vocab_size=8000)
-    pairs = list(read_translation_file(train_file, "en", "de"))
-    encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
+    tokenizer = multi30k_tokenizer()
+    encoded = multi30k_encoded(tokenizer)
     train_dataset = Dataset.from_dict({"input_ids": encoded["input_ids"], "labels": encoded["labels"]})
     budget_batches = len(
         TokenBudgetBatchSampler(
             [len(ids) for ids in encoded["input_ids"]], [len(ids) for ids in encoded["labels"]], args.max_tokens
         )
     )
-    sentences_per_batch = round(len(pairs) / budget_batches)
+    sentences_per_batch = round(len(encoded["input_ids"]) / budget_batches)
     settings = {
         f"token budget {args.max_tokens}": dict(max_tokens=args.max_tokens, batch_size=8),
         f"stock, {sentences_per_batch} sentences": dict(max_tokens=None, batch_size=sentences_per_batch),

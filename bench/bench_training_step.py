@@ -20,10 +20,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import MULTI30K, interleaved_medians, machine, write_results  # noqa: E402
+from bench.common import interleaved_medians, machine, multi30k_encoded, multi30k_tokenizer, write_results  # noqa: E402
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from hf_vanilla_transformer.data import file_sentences, read_translation_file  # noqa: E402
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe  # noqa: E402
 from hf_vanilla_transformer.training import TokenBudgetBatchSampler  # noqa: E402
 
 
@@ -31,10 +29,8 @@ def multi30k_batches(count: int, max_tokens: int, seed: int = 0):
     """`count` padded training batches of Multi30k en-de, as our Trainer would cut them, and the tokenizer."""
     from transformers import DataCollatorForSeq2Seq
 
-    train_file = os.path.join(MULTI30K, "train.jsonl")
-    tokenizer = train_shared_bpe(file_sentences([train_file], "en", "de"), vocab_size=8000)
-    pairs = list(read_translation_file(train_file, "en", "de"))
-    encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
+    tokenizer = multi30k_tokenizer()
+    encoded = multi30k_encoded(tokenizer)
     sampler = TokenBudgetBatchSampler(
         [len(ids) for ids in encoded["input_ids"]], [len(ids) for ids in encoded["labels"]], max_tokens, seed=seed
     )

@@ -10,10 +10,27 @@ from datetime import datetime, timezone
 
 import torch
 
+from hf_vanilla_transformer.data import file_sentences, read_translation_file
 from hf_vanilla_transformer.hub import cpu_name
+from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k")
+
+
+def multi30k_tokenizer():
+    """The 8,000-token shared BPE that train_bpe.py builds on Multi30k train (en + de)."""
+    return train_shared_bpe(file_sentences([os.path.join(MULTI30K, "train.jsonl")], "en", "de"), vocab_size=8000)
+
+
+def multi30k_encoded(tokenizer, split: str = "train"):
+    """The split's en-de pairs tokenized as the Trainer sees them: `input_ids` and `labels` lists."""
+    pairs = list(read_translation_file(os.path.join(MULTI30K, f"{split}.jsonl"), "en", "de"))
+    return tokenizer([source for source, _ in pairs], text_target=[target for _, target in pairs])
+
+
+def multi30k_sources(split: str = "test") -> list[str]:
+    return [source for source, _ in read_translation_file(os.path.join(MULTI30K, f"{split}.jsonl"), "en", "de")]
 
 
 def machine() -> dict:

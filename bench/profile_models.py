@@ -18,11 +18,10 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.bench_decoding import decode_all  # noqa: E402
+from bench.bench_decoding import decode_all, source_batches  # noqa: E402
 from bench.bench_training_step import hf_loss, marian_like, multi30k_batches, step_function  # noqa: E402
-from bench.common import MULTI30K, machine, write_results  # noqa: E402
+from bench.common import machine, multi30k_sources, write_results  # noqa: E402
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from hf_vanilla_transformer.data import read_translation_file  # noqa: E402
 
 CATEGORIES = {
     "matrix products": lambda name: name in ("aten::mm", "aten::addmm", "aten::bmm"),
@@ -43,10 +42,7 @@ def runs(mode: str, preset: str, batch_count: int) -> dict:
         model.set_attn_implementation("sdpa")
     if mode == "training":
         return {name: step_function(model, batches, hf_loss) for name, model in models.items()}
-    sources = [source for source, _ in read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de")]
-    batches = [
-        dict(tokenizer(sources[i : i + 64], return_tensors="pt", padding=True)) for i in range(0, 64 * batch_count, 64)
-    ]
+    batches = source_batches(tokenizer, multi30k_sources()[: 64 * batch_count], 64)
     settings = dict(num_beams=4, do_sample=False, min_new_tokens=20, max_new_tokens=20)
     return {name: decode_all(model.eval(), batches, **settings) for name, model in models.items()}
 
