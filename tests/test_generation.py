@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import BOS, EOS, PAD, tiny_model
-from transformers import EncoderDecoderCache
+from transformers import DynamicCache, EncoderDecoderCache
 
 SOURCES = torch.tensor([[5, 6, 7, 8, 9, 10, EOS], [11, 12, 13, EOS, PAD, PAD, PAD]])
 MASK = (SOURCES != PAD).long()
@@ -162,21 +162,27 @@ def test_a_sentence_decodes_the_same_alone_and_in_a_padded_batch(num_beams, dtyp
         assert new_tokens(batch[row]) == new_tokens(alone)
 
 
-def test_beam_search_leaves_the_cross_attention_cache_unreordered_with_the_same_result():
+def test_beam_search_leaves_the_cross_attention_cache_unreordered_with_the_same_result(monkeypatch):
     model = tiny_model()
     sources = torch.cat([SOURCES, SOURCES.flip(0)])
     mask = (sources != PAD).long()
     kwargs = dict(attention_mask=mask, num_beams=4, max_new_tokens=10, return_dict_in_generate=True, output_scores=True)
+    reordered_caches, beam_indices = [], []
+    reorder = DynamicCache.reorder_cache
+
+    def counted_reorder(cache, beam_idx):
+        reordered_caches.append(cache)
+        beam_indices.append(beam_idx)
+        reorder(cache, beam_idx)
+
+    monkeypatch.setattr(DynamicCache, "reorder_cache", counted_reorder)
     ours = model.generate(sources, **kwargs)
-    cross_reorders = []
+    assert len(reordered_caches) == 10 and len({id(cache) for cache in reordered_caches}) == 1  # self-attention only
+    assert any((idx != torch.arange(16)).any() for idx in beam_indices)  # rows really move between beams
 
-    def reorder_everything(cache, beam_idx):
-        cross_reorders.append(beam_idx)
-        cache.reorder_cache(beam_idx)
-        return cache
-
-    model._reorder_cache = reorder_everything  # what transformers does for a model without its own
+    reordered_caches.clear()
+    model._reorder_cache = lambda cache, beam_idx: cache.reorder_cache(beam_idx) or cache  # transformers' default
     everything = model.generate(sources, **kwargs)
-    assert len(cross_reorders) == 10 and any((idx != torch.arange(16)).any() for idx in cross_reorders)
+    assert len(reordered_caches) == 20
     assert ours.sequences.tolist() == everything.sequences.tolist()
     assert torch.equal(ours.sequences_scores, everything.sequences_scores)
