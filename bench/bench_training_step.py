@@ -22,6 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import interleaved_medians, machine, multi30k_encoded, multi30k_tokenizer, write_results  # noqa: E402
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+from hf_vanilla_transformer.modeling_vanilla_transformer import (  # noqa: E402
+    VanillaTransformerSinusoidalPositionalEncoding,
+    shift_tokens_right,
+)
 from hf_vanilla_transformer.training import TokenBudgetBatchSampler  # noqa: E402
 
 
@@ -39,10 +43,7 @@ def multi30k_batches(count: int, max_tokens: int, seed: int = 0):
     for indices in list(sampler)[:count]:
         features = [{"input_ids": encoded["input_ids"][i], "labels": encoded["labels"][i]} for i in indices]
         batch = collate(features)
-        labels = batch["labels"]
-        decoder_input_ids = torch.full_like(labels, tokenizer.bos_token_id)
-        decoder_input_ids[:, 1:] = labels[:, :-1].masked_fill(labels[:, :-1] == -100, tokenizer.pad_token_id)
-        batch["decoder_input_ids"] = decoder_input_ids
+        batch["decoder_input_ids"] = shift_tokens_right(batch["labels"], tokenizer.pad_token_id, tokenizer.bos_token_id)
         batches.append(dict(batch))
     return batches, tokenizer
 
@@ -84,7 +85,6 @@ class TorchTransformerTranslator(nn.Module):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        from hf_vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
 
         d = config.d_model
         self.embedding = nn.Embedding(config.vocab_size, d)

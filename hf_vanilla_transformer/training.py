@@ -128,8 +128,8 @@ def average_checkpoints(folders: Sequence[str]) -> dict[str, torch.Tensor]:
         else:
             for name, tensor in weights.items():
                 total[name] += tensor
-    reference = load_file(os.path.join(folders[-1], "model.safetensors"))
-    return {name: (tensor / len(folders)).to(reference[name].dtype) for name, tensor in total.items()}
+    # back to the checkpoints' own dtypes (`weights` is the last one read)
+    return {name: (tensor / len(folders)).to(weights[name].dtype) for name, tensor in total.items()}
 
 
 def load_averaged_checkpoints(model: torch.nn.Module, folders: Sequence[str]) -> None:
