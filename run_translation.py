@@ -37,7 +37,7 @@ from transformers import (
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.data import TranslationDataError, load_translation_split
-from hf_vanilla_transformer.files import check_output_dir
+from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
 from hf_vanilla_transformer.hub import describe_hardware, push_model_folder, render_model_card
 from hf_vanilla_transformer.metrics import load_translation_metric
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
@@ -335,8 +335,10 @@ def train_and_evaluate(model_args, data_args, training_args, tokenizer, model, s
                 metrics[f"{prefix}_{key}"] = scores[key]
             card_results[split] = {**scores, "samples": len(references)}
             if split == "test" and trainer.is_world_process_zero():
-                with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w") as file:
-                    file.write("".join(p + "\n" for p in predictions))
+                write_text_atomically(
+                    os.path.join(training_args.output_dir, "generated_predictions.txt"),
+                    "".join(p + "\n" for p in predictions),
+                )
         metrics[f"{prefix}_samples"] = len(references)
         trainer.log_metrics(prefix, metrics)
         trainer.save_metrics(prefix, metrics)
@@ -344,8 +346,9 @@ def train_and_evaluate(model_args, data_args, training_args, tokenizer, model, s
 
     if trainer.is_world_process_zero():
         results["wall_seconds"] = round(time.monotonic() - started, 1)
-        with open(os.path.join(training_args.output_dir, "all_results.json"), "w") as file:
-            json.dump(results, file, indent=4, sort_keys=True)
+        write_text_atomically(
+            os.path.join(training_args.output_dir, "all_results.json"), json.dumps(results, indent=4, sort_keys=True)
+        )
         write_model_card(trainer, data_args, training_args, card_results, results, splits)
         if push_to_hub:
             url = push_model_folder(

@@ -15,6 +15,14 @@ def check_output_dir(output_dir: str, overwrite: bool) -> None:
         raise ValueError(f"--output_dir {output_dir} exists and is not a folder")
 
 
+def write_text_atomically(path: str, text: str) -> None:
+    """Write `text` to `PATH.partial`, then rename it to `path`: a reader never sees half a file."""
+    temporary = f"{path}.partial"
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(text)
+    os.replace(temporary, path)
+
+
 @contextmanager
 def atomic_output_dir(output_dir: str, overwrite: bool = False) -> Iterator[str]:
     """Yield a temporary folder beside `output_dir`; on success it replaces `output_dir`, on error it is removed."""

@@ -14,6 +14,8 @@ import sys
 
 from tqdm.auto import tqdm
 
+from hf_vanilla_transformer.files import write_text_atomically
+
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vanilla-translate", description=__doc__.splitlines()[0])
@@ -87,10 +89,7 @@ def write_lines(path: str, lines: list[str]) -> None:
     if path == "-":
         sys.stdout.write(text)
         return
-    temporary = f"{path}.partial"
-    with open(temporary, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.replace(temporary, path)
+    write_text_atomically(path, text)
 
 
 if __name__ == "__main__":
