@@ -9,6 +9,7 @@ Where the paper is silent we follow its reference code, tensor2tensor: Xavier-un
 embeddings, and no biases in the attention projections (Equation 1's W^Q, W^K, W^V, W^O are plain matrices).
 """
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -34,8 +35,10 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 
-# Section 6.1: "We set the maximum output length during inference to input length + 50".
+# Section 6.1: "We set the maximum output length during inference to input length + 50". The generation config
+# holds it under this name, so that it is saved with the model and can be changed or switched off (None).
 MAX_OUTPUT_LENGTH_OVER_INPUT = 50
+SOURCE_LENGTH_LIMIT = "max_new_tokens_over_source"
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -640,24 +643,59 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
     def generate(self, inputs=None, generation_config=None, logits_processor=None, **kwargs):
-        """`GenerationMixin.generate`, with the paper's length limit when the caller sets none.
+        """`GenerationMixin.generate`, with Section 6.1's length limit for every sentence.
 
-        Unless `max_length` or `max_new_tokens` is given (in the call, in `generation_config` or in
-        `self.generation_config`), each sentence may produce at most its source length + 50 tokens
-        (Section 6.1), where the source length counts its non-padding tokens.
+        Each sentence may produce at most its source length (its non-padding tokens) + `max_new_tokens_over_source`
+        tokens, `</s>` included: 50 in the paper's generation config; `None` switches the rule off. It holds
+        together with `max_length` / `max_new_tokens` (the call's, the `generation_config`'s or the model's): a
+        sentence ends at whichever limit comes first. The model's own `max_length` is `max_position_embeddings`,
+        so that the `Seq2SeqTrainer`, which fills every unset generation setting with transformers' defaults
+        (`max_length=20`) during evaluation, changes nothing.
         """
-        settings = [kwargs, *(vars(c) for c in (generation_config, self.generation_config) if c is not None)]
-        if all(s.get(key) is None for s in settings for key in ("max_length", "max_new_tokens")):
-            source_lengths = self._source_lengths(inputs, kwargs)
-            limits = (source_lengths + MAX_OUTPUT_LENGTH_OVER_INPUT).clamp(max=self.config.max_position_embeddings)
-            decoder_input_ids = kwargs.get("decoder_input_ids")
-            prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
-            kwargs["max_new_tokens"] = int(limits.max())
-            eos_token_id = (generation_config or self.generation_config).eos_token_id
-            logits_processor = LogitsProcessorList(
-                [*(logits_processor or []), SourceLengthLimitLogitsProcessor(limits, eos_token_id, prompt_length)]
-            )
+        configs = [config for config in (generation_config, self.generation_config) if config is not None]
+        margin = kwargs.pop(
+            SOURCE_LENGTH_LIMIT,
+            next(
+                (getattr(config, SOURCE_LENGTH_LIMIT) for config in configs if hasattr(config, SOURCE_LENGTH_LIMIT)),
+                MAX_OUTPUT_LENGTH_OVER_INPUT,  # folders saved before the generation config held the margin
+            ),
+        )
+        if margin is None:
+            return super().generate(inputs, generation_config, logits_processor=logits_processor, **kwargs)
+
+        decoder_input_ids = kwargs.get("decoder_input_ids")
+        prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
+        limits = (self._source_lengths(inputs, kwargs) + margin).clamp(
+            max=self.config.max_position_embeddings - prompt_length
+        )
+        eos_token_id = next((c.eos_token_id for c in configs if c.eos_token_id is not None), self.config.eos_token_id)
+        logits_processor = LogitsProcessorList(
+            [*(logits_processor or []), SourceLengthLimitLogitsProcessor(limits, eos_token_id, prompt_length)]
+        )
+        # The batch stops at its longest sentence's limit, or earlier where a length was set.
+        new_tokens = int(limits.max())
+        set_limit = self._set_new_token_limit([kwargs, *map(vars, configs)], prompt_length)
+        lengths = {"max_length": prompt_length + min(new_tokens, set_limit or new_tokens), "max_new_tokens": None}
+        if generation_config is None:
+            kwargs.update(lengths)
+        else:  # transformers deprecates generation settings passed beside a generation_config
+            generation_config = copy.deepcopy(generation_config)
+            generation_config.update(**lengths)
         return super().generate(inputs, generation_config, logits_processor=logits_processor, **kwargs)
+
+    @staticmethod
+    def _set_new_token_limit(settings: list[dict], prompt_length: int) -> int | None:
+        """The number of new tokens that `max_new_tokens` or else `max_length` allow, each from the first of
+        `settings` (the call's keyword arguments, then generation configs) that sets it, as transformers reads them.
+        """
+
+        def first(key):
+            return next((setting[key] for setting in settings if setting.get(key) is not None), None)
+
+        if (max_new_tokens := first("max_new_tokens")) is not None:
+            return max_new_tokens
+        max_length = first("max_length")
+        return None if max_length is None else max_length - prompt_length
 
     def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor:
         """Non-padding tokens per source sentence, from the attention mask, the input ids or the encoder output."""
@@ -671,19 +709,23 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
 
 def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
-    """Section 6.1's decoding: beam size 4, length penalty alpha = 0.6.
+    """Section 6.1's decoding: beam size 4, length penalty alpha = 0.6, output length at most input length + 50.
 
     transformers' beam search divides a hypothesis' log-probability by |Y|^alpha, where |Y| counts generated
     tokens; the paper (after GNMT, Wu et al. 2016) divides by ((5 + |Y|) / 6)^alpha. Both favour longer outputs
-    as alpha grows; their rankings can differ for short outputs.
+    as alpha grows; their rankings can differ for short outputs. `max_length` is the longest sequence the
+    positions allow (transformers would otherwise default it to 20); each sentence's own limit is
+    `max_new_tokens_over_source` tokens beyond its source length, applied by `generate()`.
     """
     return GenerationConfig(
         num_beams=4,
         length_penalty=0.6,
+        max_length=config.max_position_embeddings,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
         decoder_start_token_id=config.decoder_start_token_id,
+        **{SOURCE_LENGTH_LIMIT: MAX_OUTPUT_LENGTH_OVER_INPUT},
     )
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import BOS, EOS, PAD, tiny_model
-from transformers import DynamicCache, EncoderDecoderCache
+from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig
 
 SOURCES = torch.tensor([[5, 6, 7, 8, 9, 10, EOS], [11, 12, 13, EOS, PAD, PAD, PAD]])
 MASK = (SOURCES != PAD).long()
@@ -19,7 +19,10 @@ def test_default_generation_config_is_the_papers():
     config = tiny_model().generation_config
     assert (config.num_beams, config.length_penalty) == (4, 0.6)
     assert (config.decoder_start_token_id, config.eos_token_id, config.pad_token_id) == (BOS, EOS, PAD)
-    assert config.max_length is None and config.max_new_tokens is None
+    assert config.max_new_tokens_over_source == 50  # Section 6.1: input length + 50
+    # set, so that transformers' defaults (max_length=20) never fill it in; the positions are the real ceiling
+    assert config.max_length == tiny_model().config.max_position_embeddings == 128
+    assert config.max_new_tokens is None
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -37,12 +40,48 @@ def test_length_limit_from_encoder_outputs_alone():
     assert len(new_tokens(sequences[0])) == 7 + 50
 
 
-def test_a_length_given_by_the_caller_wins():
+def test_a_shorter_length_given_by_the_caller_ends_every_sentence_there():
     model = tiny_model()
     assert model.generate(SOURCES, attention_mask=MASK, max_new_tokens=5).shape == (2, 6)
     assert model.generate(SOURCES, attention_mask=MASK, max_length=9).shape == (2, 9)
+    assert EOS not in model.generate(SOURCES, attention_mask=MASK, max_new_tokens=5)[:, 1:]  # cut, as transformers does
     model.generation_config.max_new_tokens = 3
     assert model.generate(SOURCES, attention_mask=MASK).shape == (2, 4)
+
+
+def test_a_longer_length_given_by_the_caller_keeps_each_sentences_own_limit():
+    model = tiny_model()
+    sequences = model.generate(SOURCES, attention_mask=MASK, num_beams=1, max_new_tokens=100).tolist()
+    assert [len(new_tokens(s)) for s in sequences] == [7 + 50, 4 + 50]
+
+
+@pytest.mark.parametrize("where", ["call", "generation_config argument", "model's generation config"])
+def test_the_margin_over_the_source_length_can_be_changed_or_switched_off(where):
+    model = tiny_model()
+
+    def generate(margin, max_new_tokens=None):
+        settings = dict(num_beams=1, max_new_tokens=max_new_tokens)
+        if where == "call":
+            kwargs = dict(**settings, max_new_tokens_over_source=margin)
+        elif where == "generation_config argument":
+            kwargs = dict(generation_config=GenerationConfig(**settings, max_new_tokens_over_source=margin))
+        else:
+            model.generation_config.max_new_tokens_over_source = margin
+            kwargs = settings
+        return model.generate(SOURCES, attention_mask=MASK, **kwargs).tolist()
+
+    assert [len(new_tokens(s)) for s in generate(3)] == [7 + 3, 4 + 3]
+    switched_off = generate(None, max_new_tokens=70)
+    assert [len(new_tokens(s)) for s in switched_off] == [70, 70] and EOS not in switched_off[0]
+
+
+def test_a_generation_config_without_lengths_keeps_the_papers_limit():
+    # what folders saved before the generation config held the margin (and no max_length) load as
+    model = tiny_model()
+    model.generation_config = GenerationConfig(num_beams=4, length_penalty=0.6, eos_token_id=EOS, pad_token_id=PAD,
+                                               decoder_start_token_id=BOS)  # fmt: skip
+    sequences = model.generate(SOURCES, attention_mask=MASK, generation_config=GenerationConfig(num_beams=1)).tolist()
+    assert [len(new_tokens(s)) for s in sequences] == [7 + 50, 4 + 50]
 
 
 def test_greedy_equals_argmax_of_teacher_forced_forwards():
