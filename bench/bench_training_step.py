@@ -8,9 +8,16 @@ cut from Multi30k train by our token-budget sampler: ours, transformers' MarianM
 with the same embeddings and output layer. Repetitions are interleaved (ours, Marian, nn, ours, ...) and the
 median kept. Also measured in the same run: dense fp32 matmul FLOP/s (torch.matmul, 2048x2048), and our step's
 model FLOPs utilisation = analytic FLOPs of the batch / step time / matmul FLOP/s.
+
+    python bench/bench_training_step.py --preset small --repetitions 7 --label_smoother_cache
+
+measures instead our step as the Trainer runs it with label smoothing (its `LabelSmoother` takes the labels, so
+the model is called without them) with the decoder's key/value cache built, as every training step did before
+the cache was left out of training steps, against the same step without it.
 """
 
 import argparse
+import copy
 import math
 import os
 import sys
@@ -146,6 +153,30 @@ def hf_loss(model, batch):
     return model(**batch).loss
 
 
+def label_smoother_loss(use_cache: bool | None):
+    """The Trainer's loss with `label_smoothing_factor=0.1`: the model called without labels, then LabelSmoother."""
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    smoother = LabelSmoother(epsilon=0.1)
+
+    def loss_of(model, batch):
+        inputs = {name: value for name, value in batch.items() if name != "labels"}
+        return smoother(model(**inputs, use_cache=use_cache), batch["labels"])
+
+    return loss_of
+
+
+def compare_label_smoother_cache(ours, batches, repetitions: int) -> dict:
+    """Our training step with the Trainer's label smoother, building the decoder cache (before) and not (after)."""
+    candidates = {
+        "cache built (before)": step_function(ours, batches, label_smoother_loss(use_cache=True)),
+        "no cache (after)": step_function(copy.deepcopy(ours), batches, label_smoother_loss(use_cache=None)),
+    }
+    for run in candidates.values():  # warm-up
+        run()
+    return interleaved_medians(candidates, repetitions)
+
+
 def torch_loss(model, batch):
     return model(batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"], batch["labels"])
 
@@ -181,6 +212,9 @@ def main():
     parser.add_argument("--batches", type=int, default=8, help="Batches per timed repetition.")
     parser.add_argument("--max_tokens", type=int, default=2048)
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument(
+        "--label_smoother_cache", action="store_true", help="Compare our step with and without the decoder cache."
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -188,6 +222,24 @@ def main():
     config = VanillaTransformerConfig.from_preset(args.preset, vocab_size=len(tokenizer))
     ours = VanillaTransformerForConditionalGeneration(config)
     ours.set_attn_implementation("sdpa")
+    target_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)
+    if args.label_smoother_cache:
+        medians = compare_label_smoother_cache(ours, batches, args.repetitions)
+        results = {
+            "machine": machine(),
+            "preset": args.preset,
+            "batches": args.batches,
+            "max_tokens": args.max_tokens,
+            "target_tokens_per_repetition": target_tokens,
+            "seconds_per_repetition": {name: round(seconds, 4) for name, seconds in medians.items()},
+            "speedup_after": round(medians["cache built (before)"] / medians["no cache (after)"], 3),
+            "repetitions": args.repetitions,
+        }
+        for name, seconds in medians.items():
+            print(f"{name:<24} {seconds:8.3f} s   {target_tokens / seconds:10,.0f} target tokens/s")
+        print(f"after / before: {results['speedup_after']:.3f}x")
+        print("wrote", write_results(f"training_step_label_smoother_cache_{args.preset}", results))
+        return
     candidates = {
         "ours": step_function(ours, batches, hf_loss),
         "MarianMTModel": step_function(marian_like(config), batches, hf_loss),
@@ -199,7 +251,6 @@ def main():
     medians = interleaved_medians(candidates, args.repetitions)
     matmul_after = matmul_flops_per_second()
 
-    target_tokens = sum(int((b["labels"] != -100).sum()) for b in batches)
     rates = {name: target_tokens / seconds for name, seconds in medians.items()}
     flops = sum(training_flops(config, b) for b in batches)
     mfu = flops / medians["ours"] / max(matmul, matmul_after)

@@ -30,7 +30,6 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.utils import can_return_tuple
-from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
@@ -409,7 +408,6 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         )
         self.post_init()
 
-    @merge_with_config_defaults
     @capture_outputs
     def forward(
         self,
@@ -422,6 +420,13 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
+        """`use_cache` defaults to `config.use_cache`, except in a training step (training mode with gradients):
+        the cache serves decoding one token at a time, and a training step, which decodes the whole target at once,
+        would fill it for nothing (the Trainer's label smoother calls the model without labels, so the loss does not
+        switch it off). `generate()` passes its own cache, also from a model in training mode.
+        """
+        if use_cache is None:
+            use_cache = self.config.use_cache and not (self.training and torch.is_grad_enabled())
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = cache.get_seq_length() if cache is not None else 0

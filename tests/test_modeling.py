@@ -260,6 +260,18 @@ def test_labels_give_cross_entropy_ignoring_minus_100_and_shift_right():
     torch.testing.assert_close(outputs.loss, -torch.stack(picked).mean())
 
 
+def test_a_training_step_builds_no_cache_and_decoding_still_does(padded_batch):
+    """The Trainer's label smoother calls the model without labels; a training step must not fill a cache then."""
+    model = tiny_model().train()
+    assert model(**padded_batch).cache is None
+    with torch.no_grad():  # generate() from a model in training mode, or any forward without gradients
+        assert model(**padded_batch).cache.get_seq_length() == padded_batch["decoder_input_ids"].shape[1]
+    assert model(**padded_batch, use_cache=True).cache is not None  # asked for, it is built
+    assert model.eval()(**padded_batch).cache is not None
+    model.config.use_cache = False
+    assert model(**padded_batch).cache is None
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     input_ids = torch.tensor([[5, 6, 7, EOS], [8, 9, EOS, PAD]])
     batch = {
