@@ -5,9 +5,9 @@ import random
 
 import pytest
 import torch
-from conftest import EOS, LETTERS, PAD, letter_tokenizer, tiny_config, tiny_model
+from conftest import BOS, EOS, LETTERS, PAD, letter_tokenizer, tiny_config, tiny_model
 from datasets import Dataset
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.training import TokenBudgetSeq2SeqTrainer
@@ -78,13 +78,11 @@ def test_seq2seq_trainer_learns_to_reverse(tmp_path, gradient_checkpointing):
 def random_token_dataset(size: int, seed: int) -> Dataset:
     """Sources and targets of random ids between 4 and 98 (the tiny model's vocabulary), of varied lengths."""
     rng = random.Random(seed)
-    rows = [
-        (
-            [rng.randint(4, 98) for _ in range(rng.randint(2, 20))] + [EOS],
-            [rng.randint(4, 98) for _ in range(5)] + [EOS],
-        )
-        for _ in range(size)
-    ]
+
+    def sentence(longest: int) -> list[int]:
+        return [rng.randint(4, 98) for _ in range(rng.randint(1, longest))] + [EOS]
+
+    rows = [(sentence(20), sentence(12)) for _ in range(size)]
     return Dataset.from_dict({"input_ids": [s for s, _ in rows], "labels": [t for _, t in rows]})
 
 
@@ -146,3 +144,80 @@ def test_evaluation_keeps_the_length_limit_of_every_batch_and_of_the_saved_model
     reloaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path / "model")
     sources = DataCollatorForSeq2Seq(letter_tokenizer())([{"input_ids": ids} for ids in dataset["input_ids"]])
     assert output_lengths(reloaded.generate(**sources)) == limits
+
+
+class GradientRecorder(TrainerCallback):
+    """Keeps a copy of every parameter's gradient just before each optimizer step."""
+
+    def __init__(self):
+        self.gradients = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.gradients.append({name: p.grad.detach().clone() for name, p in model.named_parameters()})
+
+
+def trainer_gradient(dataset, tmp_path, batch_size: int, accumulation: int, label_smoothing: float) -> dict:
+    """The gradient of the Trainer's first optimizer step over the whole `dataset`."""
+    model = tiny_model().train()
+    recorder = GradientRecorder()
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / f"{batch_size}x{accumulation}"),
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        label_smoothing_factor=label_smoothing,
+        max_grad_norm=0.0,  # no clipping: the gradient as computed
+        train_sampling_strategy="sequential",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model),
+        callbacks=[recorder],
+    )
+    trainer.train()
+    assert len(recorder.gradients) == 1
+    return recorder.gradients[0]
+
+
+def definition_gradient(dataset, label_smoothing: float) -> dict:
+    """Section 5.4's label-smoothed cross-entropy, averaged over every target token of `dataset`, computed one
+    sentence at a time without any padding: (1 - eps) * -log p(y) + eps * mean over the vocabulary of -log p(v).
+    """
+    model = tiny_model().train()
+    tokens = sum(len(labels) for labels in dataset["labels"])
+    for source, labels in zip(dataset["input_ids"], dataset["labels"]):
+        decoder_input_ids = torch.tensor([[BOS, *labels[:-1]]])
+        log_probs = (
+            model(input_ids=torch.tensor([source]), decoder_input_ids=decoder_input_ids).logits[0].log_softmax(-1)
+        )
+        nll = -log_probs[torch.arange(len(labels)), torch.tensor(labels)]
+        loss = (1 - label_smoothing) * nll - label_smoothing * log_probs.mean(-1)
+        (loss.sum() / tokens).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def largest_relative_difference(gradients: dict, reference: dict) -> float:
+    assert gradients.keys() == reference.keys()
+    scale = max(g.abs().max() for g in reference.values())
+    return float(max((gradients[name] - reference[name]).abs().max() for name in reference) / scale)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_two_accumulated_half_batches_give_the_gradient_of_the_full_batch(tmp_path, label_smoothing):
+    # sorted by target length, so that the second half holds far more target tokens than the first: a mean of the
+    # two halves' means would weigh the first half's tokens more than the full batch's mean does
+    dataset = random_token_dataset(8, seed=5)
+    dataset = dataset.select(sorted(range(8), key=lambda i: len(dataset["labels"][i])))
+    tokens = [sum(map(len, dataset["labels"][half])) for half in (slice(0, 4), slice(4, 8))]
+    assert tokens[1] > 1.5 * tokens[0]
+    full = trainer_gradient(dataset, tmp_path, batch_size=8, accumulation=1, label_smoothing=label_smoothing)
+    halves = trainer_gradient(dataset, tmp_path, batch_size=4, accumulation=2, label_smoothing=label_smoothing)
+    # padding takes no share: the padded batches give the gradient of the sentences taken one by one, unpadded
+    reference = definition_gradient(dataset, label_smoothing)
+    assert largest_relative_difference(full, reference) < 1e-5
+    assert largest_relative_difference(halves, reference) < 1e-5
