@@ -40,7 +40,7 @@ from hf_vanilla_transformer.data import TranslationDataError, load_translation_s
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
 from hf_vanilla_transformer.hub import describe_hardware, push_model_folder, render_model_card
 from hf_vanilla_transformer.metrics import load_translation_metric
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
+from hf_vanilla_transformer.tokenizer_training import check_tokenizer_fits_model, train_shared_bpe
 from hf_vanilla_transformer.training import (
     TokenBudgetSeq2SeqTrainer,
     checkpoint_folders,
@@ -190,6 +190,14 @@ def prepare(model_args: ModelArguments, data_args: DataTrainingArguments, traini
 
     tokenizer = load_or_train_tokenizer(model_args, splits, training_args.resume_from_checkpoint)
     model = load_or_build_model(model_args, tokenizer)
+    if model_args.model_name_or_path is not None and model_args.tokenizer_name is not None:
+        try:
+            check_tokenizer_fits_model(tokenizer, model.config)
+        except ValueError as error:
+            raise ValueError(
+                f"--tokenizer_name {model_args.tokenizer_name} does not fit --model_name_or_path "
+                f"{model_args.model_name_or_path}: {error}"
+            ) from None
     if training_args.learning_rate_scale is not None:
         if not training_args.warmup_steps or training_args.warmup_steps < 1:
             raise ValueError("--learning_rate_scale needs --warmup_steps as a number of steps (at least 1)")
@@ -378,11 +386,13 @@ def average_into(trainer, count: int) -> None:
 
 def write_model_card(trainer, data_args, training_args, card_results, results, splits) -> None:
     args = training_args
+    schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    scale = f" (Equation 3 × {args.learning_rate_scale:g})" if args.learning_rate_scale is not None else ""
     training = {
         "data": data_args.dataset_description or data_args.dataset_name or data_args.train_file or "—",
         "training pairs": results.get("train_samples", "—"),
         "optimizer": f"Adam (β1={args.adam_beta1}, β2={args.adam_beta2}, ε={args.adam_epsilon})",
-        "learning rate": f"{args.lr_scheduler_type}, peak {args.learning_rate:.3g}, {args.warmup_steps} warmup steps",
+        "learning rate": f"{schedule}, peak {args.learning_rate:.3g}{scale}, {args.warmup_steps:g} warmup steps",
         "batches": f"about {args.max_tokens_per_batch} tokens" if args.max_tokens_per_batch else
                    f"{args.per_device_train_batch_size} sentence pairs",
         "gradient accumulation": args.gradient_accumulation_steps,

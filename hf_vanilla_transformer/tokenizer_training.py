@@ -74,3 +74,18 @@ def train_shared_bpe(
         clean_up_tokenization_spaces=False,  # keeps decoding lossless
         model_max_length=model_max_length,
     )
+
+
+def check_tokenizer_fits_model(tokenizer, config) -> None:
+    """Raise a ValueError unless `tokenizer` numbers tokens as the model with `config` was trained to read them:
+    the same vocabulary size and the same ids for `<pad>`, `<s>` and `</s>`.
+    """
+    if len(tokenizer) != config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {config.vocab_size}: "
+            "they are not the same vocabulary"
+        )
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        ids = getattr(tokenizer, name), getattr(config, name)
+        if ids[0] is not None and ids[1] is not None and ids[0] != ids[1]:
+            raise ValueError(f"the tokenizer's {name} is {ids[0]} but the model config's is {ids[1]}")

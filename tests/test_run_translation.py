@@ -11,9 +11,11 @@ import torch
 from conftest import REPO_ROOT, TEST, TRAIN, write_lines
 from datasets import Dataset
 from huggingface_hub import ModelCard
+from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import run_translation
+from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
 
 OUTPUT_FILES = {
@@ -74,6 +76,35 @@ def test_model_card_metadata(trained_run):
     assert "Adam (β1=0.9, β2=0.98, ε=1e-09)" in card.text
 
 
+def test_learning_rate_scale_gives_equation_3_times_the_scale(trained_run):
+    # TINY_RUN: d_model 64, --warmup_steps 40, --learning_rate_scale 0.3
+    peak = 0.3 * 64**-0.5 * 40**-0.5
+    state = json.loads((trained_run.output / "trainer_state.json").read_text())
+    logged = {entry["step"]: entry["learning_rate"] for entry in state["log_history"] if "learning_rate" in entry}
+    assert sorted(logged) == [25, 50, 75, 100, 125, 150]
+    for step, rate in logged.items():
+        # the rate of update `step`: Equation 3 at step_num = step - 1 (transformers' schedule gives the first update
+        # rate 0, one step behind the paper's, as the README says)
+        assert rate == pytest.approx(0.3 * 64**-0.5 * min((step - 1) ** -0.5, (step - 1) * 40**-1.5), rel=1e-6)
+    assert logged[25] == pytest.approx(peak * 24 / 40) and logged[50] == pytest.approx(peak * (40 / 49) ** 0.5)
+    card = (trained_run.output / "README.md").read_text()
+    assert "learning rate: inverse_sqrt, peak 0.00593 (Equation 3 × 0.3), 40 warmup steps" in card
+    assert f"{peak:.3g}" == "0.00593"
+
+
+def test_the_final_model_is_the_mean_of_the_last_checkpoints(trained_run):
+    # TINY_RUN: --save_steps 50, --max_steps 150, --average_last_checkpoints 3
+    checkpoints = [
+        load_file(trained_run.output / f"checkpoint-{step}" / "model.safetensors") for step in (50, 100, 150)
+    ]
+    final = load_file(trained_run.output / "model.safetensors")
+    assert final.keys() == checkpoints[0].keys()
+    for name, tensor in final.items():
+        mean = torch.stack([checkpoint[name].double() for checkpoint in checkpoints]).mean(0).float()
+        torch.testing.assert_close(tensor, mean, rtol=0, atol=1e-7, msg=name)
+    assert not torch.equal(final["model.shared.weight"], checkpoints[-1]["model.shared.weight"])
+
+
 def test_tokenization_truncates_to_the_given_lengths():
     dataset = Dataset.from_dict({"source": ["a b c d e f g h i j " * 20], "target": ["x y " * 30]})
     tokenizer = train_shared_bpe(["a b c d e f g h i j", "x y z"] * 50, vocab_size=300)
@@ -125,6 +156,34 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, make_args, mess
         run_translation.main([*make_args(tmp_path), "--do_train", "--output_dir", str(output), "--report_to", "none"])
     assert str(exit_info.value.code).startswith("run_translation.py: error: ")
     assert re.search(message, str(exit_info.value.code)), exit_info.value.code
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ("vocabulary", r"the tokenizer has 800 tokens but the model's vocab_size is 1000"),
+        ("padding", r"the tokenizer's pad_token_id is 3 but the model config's is 1"),
+    ],
+)
+def test_a_tokenizer_that_does_not_fit_the_model_stops_before_training(trained_run, tmp_path, change, message):
+    if change == "vocabulary":
+        tokenizer = train_shared_bpe(file_sentences([TRAIN], "en", "de"), vocab_size=800)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(trained_run.output)
+        tokenizer.pad_token = "<unk>"
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    output = tmp_path / "out"
+    arguments = [
+        "--model_name_or_path", str(trained_run.output), "--tokenizer_name", str(tmp_path / "tokenizer"),
+        "--train_file", TRAIN, "--max_train_samples", "100", "--do_train", "--output_dir", str(output),
+    ]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        run_translation.main(arguments)
+    assert re.fullmatch(
+        rf"run_translation.py: error: --tokenizer_name \S+ does not fit --model_name_or_path \S+: {message}.*",
+        str(exit_info.value.code),
+    ), exit_info.value.code
     assert not output.exists()
 
 

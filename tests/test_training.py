@@ -96,19 +96,27 @@ def test_inverse_sqrt_schedule_is_equation_3(d_model, warmup, scale):
 
 def test_checkpoint_averaging_is_the_mean_of_known_weights(tmp_path):
     model = tiny_model()
-    for step, value in ((10, 1.0), (20, 2.0), (30, 6.0), (5, 100.0)):
+    # a distinct value in every entry of every tensor, so that a tensor read under another's name would show
+    offset, distinct = 0, {}
+    for name, parameter in model.named_parameters():
+        distinct[name] = torch.arange(offset, offset + parameter.numel(), dtype=torch.float32).view_as(parameter) / 1e4
+        offset += parameter.numel()
+    for step, factor in ((10, 1.0), (20, 2.0), (30, 6.0), (5, 100.0)):
         with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.fill_(value)
+            for name, parameter in model.named_parameters():
+                parameter.copy_(factor * distinct[name])
         model.save_pretrained(tmp_path / f"checkpoint-{step}")
     (tmp_path / "checkpoint-40").mkdir()  # an unfinished checkpoint: no weights
     folders = checkpoint_folders(str(tmp_path))
     assert [f.rsplit("-", 1)[1] for f in folders] == ["5", "10", "20", "30"]
 
-    averaged = average_checkpoints(folders[-3:])
-    assert all(torch.all(tensor == 3.0) for tensor in averaged.values())
+    averaged = average_checkpoints(folders[-3:])  # factors 1, 2 and 6: the mean is 3 times each value
+    assert averaged.keys() == distinct.keys()  # every parameter, the tied matrix once
+    for name, tensor in averaged.items():
+        torch.testing.assert_close(tensor, 3 * distinct[name], msg=name)
     load_averaged_checkpoints(model, folders[-3:])
-    assert all(torch.all(parameter == 3.0) for parameter in model.parameters())
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter.detach(), 3 * distinct[name], msg=name)
     assert model.lm_head.weight is model.model.shared.weight
     with pytest.raises(ValueError, match="no checkpoints"):
         average_checkpoints([])
