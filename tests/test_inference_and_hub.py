@@ -74,20 +74,24 @@ def hub_snapshot(cache, repo_id: str, files: dict[str, bytes]) -> None:
     (repo / "refs" / "main").write_text("1" * 40)
 
 
-def run_without_the_package(code: str, hf_home) -> str:
-    """Run `code` in a fresh Python where `import hf_vanilla_transformer` fails, offline; return its stdout."""
-    script = 'import sys\nsys.modules["hf_vanilla_transformer"] = None\n' + textwrap.dedent(code)
+def run_python(code: str, hf_home, package_importable: bool = False) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh Python, offline, with standard input closed (so a prompt cannot wait for an answer)
+    and, unless `package_importable`, where `import hf_vanilla_transformer` fails."""
+    block = "" if package_importable else 'import sys\nsys.modules["hf_vanilla_transformer"] = None\n'
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", block + textwrap.dedent(code)],
+        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    return result
 
 
 def test_pipeline_with_remote_code_from_a_folder_and_from_a_hub_snapshot(trained_run, model_and_tokenizer, tmp_path):
     expected = [{"translation_text": text} for text in generate_text(*model_and_tokenizer, SENTENCES[:2])]
     repo_id, files = trained_run.commits[-1]
     hub_snapshot(tmp_path / "home", repo_id, files)
-    output = run_without_the_package(
+    output = run_python(
         f"""
         import json
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
@@ -102,10 +106,55 @@ def test_pipeline_with_remote_code_from_a_folder_and_from_a_hub_snapshot(trained
         print(json.dumps(results))
         """,
         tmp_path / "home",
-    )
+    ).stdout
     results = json.loads(output.strip().splitlines()[-1])
     assert results.pop("class").startswith("transformers_modules.")
     assert len(results) == 4 and all(value == expected for value in results.values()), results
+
+
+TOKENIZER_LOADS = {
+    # no code of ours: the folder's tokenizer is a plain `tokenizers` one
+    "plain": ("from transformers import PreTrainedTokenizerFast", "PreTrainedTokenizerFast.from_pretrained(source)"),
+    "package": ("import hf_vanilla_transformer; from transformers import AutoTokenizer", "AutoTokenizer.from_pretrained(source)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("how", TOKENIZER_LOADS)
+def test_the_tokenizer_loads_with_no_prompt_and_no_warning(trained_run, model_and_tokenizer, tmp_path, how):
+    """As the README and the model card say to load it, from a folder and from the Hub."""
+    expected = model_and_tokenizer[1](SENTENCES)["input_ids"]
+    repo_id, files = trained_run.commits[-1]
+    hub_snapshot(tmp_path / "home", repo_id, files)
+    imports, load = TOKENIZER_LOADS[how]
+    result = run_python(
+        f"""
+        import json
+        {imports}
+        for source in ({str(trained_run.output)!r}, {repo_id!r}):
+            tokenizer = {load}
+            print(json.dumps(tokenizer({SENTENCES!r})["input_ids"]))
+        """,
+        tmp_path / "home",
+        package_importable=how == "package",
+    )
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [expected, expected]
+    assert result.stderr == ""
+
+
+def test_auto_tokenizer_alone_asks_to_run_the_model_code_where_the_package_is_missing(trained_run, tmp_path):
+    """Why the README and the card load the tokenizer as above: transformers' AutoTokenizer first reads the
+    folder's config.json through AutoConfig, which for a model type it does not know asks to run the folder's
+    configuration code (and, refused, warns that it reads the config as a generic one). If this test fails,
+    transformers changed that, and plain `AutoTokenizer.from_pretrained(folder)` can be documented."""
+    result = run_python(
+        f"""
+        from transformers import AutoTokenizer
+        AutoTokenizer.from_pretrained({str(trained_run.output)!r})
+        """,
+        tmp_path / "home",
+    )
+    assert "Do you wish to run the custom code? [y/N]" in result.stdout
+    assert "You are using a model of type `vanilla_transformer`" in result.stderr
 
 
 def test_run_translation_pushes_one_complete_folder(trained_run):
@@ -153,10 +202,21 @@ def test_model_card_sections_and_metadata(trained_run):
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in card.text  # the sacreBLEU signature
     repo_id = "someone/tiny-en-de"
     assert f'AutoModelForSeq2SeqLM.from_pretrained("{repo_id}", trust_remote_code=True)' in card.text
+    assert f'PreTrainedTokenizerFast.from_pretrained("{repo_id}")' in card.text
     data = card.data.to_dict()
     assert data["language"] == ["en", "de"] and data["license"] == "apache-2.0"
     assert data["metrics"] == ["bleu", "chrf"] and data["pipeline_tag"] == "translation"
     assert data["model-index"][0]["results"][0]["task"]["type"] == "translation"
+
+
+def test_the_cards_code_translates_where_the_package_is_missing(trained_run, model_and_tokenizer, tmp_path):
+    card = ModelCard.load(trained_run.output / "README.md").text
+    code = card.split("## How to use", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    example = code.split('tokenizer(["', 1)[1].split('"]', 1)[0]  # the first test sentence
+    repo_id, files = trained_run.commits[-1]
+    hub_snapshot(tmp_path / "home", repo_id, files)
+    printed = run_python(code, tmp_path / "home").stdout.strip().splitlines()[-1]
+    assert printed == str(generate_text(*model_and_tokenizer, [example]))
 
 
 def vanilla_translate(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
