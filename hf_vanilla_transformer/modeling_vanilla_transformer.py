@@ -680,7 +680,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         # The batch stops at its longest sentence's limit, or earlier where a length was set.
         new_tokens = int(limits.max())
         set_limit = self._set_new_token_limit([kwargs, *map(vars, configs)], prompt_length)
-        lengths = {"max_length": prompt_length + min(new_tokens, set_limit or new_tokens), "max_new_tokens": None}
+        if set_limit is not None:
+            new_tokens = min(new_tokens, set_limit)
+        lengths = {"max_length": prompt_length + new_tokens, "max_new_tokens": None}
         if generation_config is None:
             kwargs.update(lengths)
         else:  # transformers deprecates generation settings passed beside a generation_config
