@@ -240,66 +240,67 @@ class VanillaTransformerFeedForward(nn.Module):
         return self.fc2(self.activation_dropout(self.activation_fn(self.fc1(hidden_states))))
 
 
-# --- Residual connection around each sub-layer (Sections 3.1, 5.4) ------------------------------------------------
+# --- Residual connection around each sub-layer, and the encoder and decoder layers (Sections 3.1, 5.4) ---------
 
 
-class VanillaTransformerSublayerConnection(nn.Module):
+class VanillaTransformerLayer(GradientCheckpointingLayer):
     """Sections 3.1 and 5.4: the output of each sub-layer is LayerNorm(x + Dropout(Sublayer(x))).
 
     With `layer_norm_position="pre"` it is x + Dropout(Sublayer(LayerNorm(x))) instead (a later variant; the stacks
-    then end with a LayerNorm of their own).
+    then end with a LayerNorm of their own). Each layer owns its sub-layers and their LayerNorms under names that
+    say their role, as in BART and Marian (`self_attn` and `self_attn_layer_norm`, ...), and passes each sub-layer
+    to `residual` when it runs, as the Annotated Transformer does.
     """
-
-    def __init__(self, config: VanillaTransformerConfig, sublayer: nn.Module):
-        super().__init__()
-        self.sublayer = sublayer
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
-        self.pre_norm = config.layer_norm_position == "pre"
-
-    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        output = self.sublayer(self.layer_norm(hidden_states) if self.pre_norm else hidden_states, *args, **kwargs)
-        if isinstance(output, tuple):  # attention also returns its weights; the output recorders collect those
-            output = output[0]
-        hidden_states = hidden_states + self.dropout(output)
-        return hidden_states if self.pre_norm else self.layer_norm(hidden_states)
-
-
-# --- Encoder and decoder layers (Section 3.1) ---------------------------------------------------------------------
-
-
-class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
-    """Section 3.1, encoder layer: multi-head self-attention, then the position-wise feed-forward network."""
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.self_attn = VanillaTransformerSublayerConnection(
-            config, VanillaTransformerAttention(config, config.encoder_attention_heads)
-        )
-        self.feed_forward = VanillaTransformerSublayerConnection(
-            config, VanillaTransformerFeedForward(config, config.encoder_ffn_dim)
-        )
+        self.dropout = nn.Dropout(config.dropout)
+        self.pre_norm = config.layer_norm_position == "pre"
+
+    def residual(
+        self, hidden_states: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor], layer_norm: nn.LayerNorm
+    ) -> torch.Tensor:
+        if self.pre_norm:
+            return hidden_states + self.dropout(sublayer(layer_norm(hidden_states)))
+        return layer_norm(hidden_states + self.dropout(sublayer(hidden_states)))
+
+
+def new_layer_norm(config: VanillaTransformerConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+
+class VanillaTransformerEncoderLayer(VanillaTransformerLayer):
+    """Section 3.1, encoder layer: multi-head self-attention, then the position-wise feed-forward network."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.self_attn = VanillaTransformerAttention(config, config.encoder_attention_heads)
+        self.self_attn_layer_norm = new_layer_norm(config)
+        self.feed_forward = VanillaTransformerFeedForward(config, config.encoder_ffn_dim)
+        self.feed_forward_layer_norm = new_layer_norm(config)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        hidden_states = self.self_attn(hidden_states, attention_mask=attention_mask, **kwargs)
-        return self.feed_forward(hidden_states)
+        # attention also returns its weights ([1]); the output recorders collect those from the attention module
+        hidden_states = self.residual(
+            hidden_states,
+            lambda x: self.self_attn(x, attention_mask=attention_mask, **kwargs)[0],
+            self.self_attn_layer_norm,
+        )
+        return self.residual(hidden_states, self.feed_forward, self.feed_forward_layer_norm)
 
 
-class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
+class VanillaTransformerDecoderLayer(VanillaTransformerLayer):
     """Section 3.1, decoder layer: masked self-attention, encoder-decoder attention, feed-forward network."""
 
     def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
-        super().__init__()
+        super().__init__(config)
         heads = config.decoder_attention_heads
-        self.self_attn = VanillaTransformerSublayerConnection(
-            config, VanillaTransformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
-        )
-        self.encoder_attn = VanillaTransformerSublayerConnection(
-            config, VanillaTransformerAttention(config, heads, is_cross_attention=True, layer_idx=layer_idx)
-        )
-        self.feed_forward = VanillaTransformerSublayerConnection(
-            config, VanillaTransformerFeedForward(config, config.decoder_ffn_dim)
-        )
+        self.self_attn = VanillaTransformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_layer_norm = new_layer_norm(config)
+        self.encoder_attn = VanillaTransformerAttention(config, heads, is_cross_attention=True, layer_idx=layer_idx)
+        self.encoder_attn_layer_norm = new_layer_norm(config)
+        self.feed_forward = VanillaTransformerFeedForward(config, config.decoder_ffn_dim)
+        self.feed_forward_layer_norm = new_layer_norm(config)
 
     def forward(
         self,
@@ -310,15 +311,19 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         cache: Cache | None = None,
         **kwargs,
     ):
-        hidden_states = self.self_attn(hidden_states, attention_mask=attention_mask, cache=cache, **kwargs)
-        hidden_states = self.encoder_attn(
+        hidden_states = self.residual(
             hidden_states,
-            key_value_states=encoder_hidden_states,
-            attention_mask=encoder_attention_mask,
-            cache=cache,
-            **kwargs,
+            lambda x: self.self_attn(x, attention_mask=attention_mask, cache=cache, **kwargs)[0],
+            self.self_attn_layer_norm,
         )
-        return self.feed_forward(hidden_states)
+        hidden_states = self.residual(
+            hidden_states,
+            lambda x: self.encoder_attn(
+                x, key_value_states=encoder_hidden_states, attention_mask=encoder_attention_mask, cache=cache, **kwargs
+            )[0],
+            self.encoder_attn_layer_norm,
+        )
+        return self.residual(hidden_states, self.feed_forward, self.feed_forward_layer_norm)
 
 
 # --- Encoder and decoder stacks (Section 3.1) ---------------------------------------------------------------------
@@ -364,9 +369,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         super().__init__(config)
         self.embeddings = VanillaTransformerEmbeddings(config)
         self.layers = nn.ModuleList([VanillaTransformerEncoderLayer(config) for _ in range(config.encoder_layers)])
-        self.final_layer_norm = (
-            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.layer_norm_position == "pre" else None
-        )
+        self.layer_norm = new_layer_norm(config) if config.layer_norm_position == "pre" else None
         self.post_init()
 
     @capture_outputs
@@ -383,8 +386,8 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         )
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, **kwargs)
-        if self.final_layer_norm is not None:
-            hidden_states = self.final_layer_norm(hidden_states)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutput(last_hidden_state=hidden_states)
 
 
@@ -403,9 +406,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         self.layers = nn.ModuleList(
             [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
         )
-        self.final_layer_norm = (
-            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.layer_norm_position == "pre" else None
-        )
+        self.layer_norm = new_layer_norm(config) if config.layer_norm_position == "pre" else None
         self.post_init()
 
     @capture_outputs
@@ -453,8 +454,8 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
                 cache=cache,
                 **kwargs,
             )
-        if self.final_layer_norm is not None:
-            hidden_states = self.final_layer_norm(hidden_states)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
         return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
 
 

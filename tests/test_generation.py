@@ -124,8 +124,8 @@ def test_cross_attention_keys_and_values_are_computed_once_per_source():
         return lambda *_: calls.__setitem__(name, calls[name] + 1)
 
     for layer in model.model.decoder.layers:
-        layer.encoder_attn.sublayer.kv_proj.register_forward_hook(count("encoder_attn"))
-        layer.self_attn.sublayer.kv_proj.register_forward_hook(count("self_attn"))
+        layer.encoder_attn.kv_proj.register_forward_hook(count("encoder_attn"))
+        layer.self_attn.kv_proj.register_forward_hook(count("self_attn"))
     model.generate(SOURCES, attention_mask=MASK, num_beams=1, max_new_tokens=6)
     layers = len(model.model.decoder.layers)
     assert calls == {"encoder_attn": layers, "self_attn": 6 * layers}

@@ -10,7 +10,7 @@ from torch import nn
 from hf_vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
     VanillaTransformerSinusoidalPositionalEncoding,
-    VanillaTransformerSublayerConnection,
+    VanillaTransformerLayer,
     shift_tokens_right,
 )
 
@@ -93,31 +93,84 @@ def test_attention_is_equation_one_with_separate_key_and_value_sizes():
 def test_sublayer_connection(position, expected):
     config = tiny_config(layer_norm_position=position)
     torch.manual_seed(2)
-    connection = VanillaTransformerSublayerConnection(config, nn.Linear(32, 32)).eval()
-    nn.init.normal_(connection.layer_norm.weight)
-    nn.init.normal_(connection.layer_norm.bias)
+    layer = VanillaTransformerLayer(config).eval()
+    f, norm = nn.Linear(32, 32), nn.LayerNorm(32)
+    nn.init.normal_(norm.weight)
+    nn.init.normal_(norm.bias)
     x = torch.randn(3, 32)
-    f, norm = connection.sublayer, connection.layer_norm
     reference = {"norm(x + f(x))": norm(x + f(x)), "x + f(norm(x))": x + f(norm(x))}[expected]
-    torch.testing.assert_close(connection(x), reference)
+    torch.testing.assert_close(layer.residual(x, f, norm), reference)
 
 
 def test_residual_dropout_applies_to_the_sublayer_output_before_the_sum():
     config = tiny_config(dropout=0.5)
-    connection = VanillaTransformerSublayerConnection(config, nn.Linear(32, 32)).train()
+    layer = VanillaTransformerLayer(config).train()
+    f, norm = nn.Linear(32, 32), nn.LayerNorm(32)
     x = torch.randn(3, 32)
     torch.manual_seed(5)
-    output = connection(x)
+    output = layer.residual(x, f, norm)
     torch.manual_seed(5)
-    dropped = nn.functional.dropout(connection.sublayer(x), p=0.5, training=True)
-    torch.testing.assert_close(output, connection.layer_norm(x + dropped))
+    dropped = nn.functional.dropout(f(x), p=0.5, training=True)
+    torch.testing.assert_close(output, norm(x + dropped))
 
 
 def test_pre_norm_stacks_end_with_a_layer_norm_and_post_norm_ones_do_not():
-    assert tiny_model().model.encoder.final_layer_norm is None
+    assert tiny_model().model.encoder.layer_norm is None
     pre = tiny_model(layer_norm_position="pre")
-    assert isinstance(pre.model.encoder.final_layer_norm, nn.LayerNorm)
-    assert isinstance(pre.model.decoder.final_layer_norm, nn.LayerNorm)
+    assert isinstance(pre.model.encoder.layer_norm, nn.LayerNorm)
+    assert isinstance(pre.model.decoder.layer_norm, nn.LayerNorm)
+
+
+# Every weight of a 1+1-layer model, under the name of its role, with Marian's name for the same weight beside it
+# (Marian splits kv_proj into k_proj and v_proj, adds biases to the attention projections, and calls the
+# feed-forward network's LayerNorm final_layer_norm).
+STATE_DICT_KEYS_AND_MARIANS = {
+    "model.shared.weight": "model.shared.weight",
+    "model.encoder.embeddings.embed_tokens.weight": "model.encoder.embed_tokens.weight",
+    "model.encoder.layers.0.self_attn.q_proj.weight": "model.encoder.layers.0.self_attn.q_proj.weight",
+    "model.encoder.layers.0.self_attn.kv_proj.weight": "model.encoder.layers.0.self_attn.{k,v}_proj.weight",
+    "model.encoder.layers.0.self_attn.out_proj.weight": "model.encoder.layers.0.self_attn.out_proj.weight",
+    "model.encoder.layers.0.self_attn_layer_norm.weight": "model.encoder.layers.0.self_attn_layer_norm.weight",
+    "model.encoder.layers.0.self_attn_layer_norm.bias": "model.encoder.layers.0.self_attn_layer_norm.bias",
+    "model.encoder.layers.0.feed_forward.fc1.weight": "model.encoder.layers.0.fc1.weight",
+    "model.encoder.layers.0.feed_forward.fc1.bias": "model.encoder.layers.0.fc1.bias",
+    "model.encoder.layers.0.feed_forward.fc2.weight": "model.encoder.layers.0.fc2.weight",
+    "model.encoder.layers.0.feed_forward.fc2.bias": "model.encoder.layers.0.fc2.bias",
+    "model.encoder.layers.0.feed_forward_layer_norm.weight": "model.encoder.layers.0.final_layer_norm.weight",
+    "model.encoder.layers.0.feed_forward_layer_norm.bias": "model.encoder.layers.0.final_layer_norm.bias",
+    "model.decoder.embeddings.embed_tokens.weight": "model.decoder.embed_tokens.weight",
+    "model.decoder.layers.0.self_attn.q_proj.weight": "model.decoder.layers.0.self_attn.q_proj.weight",
+    "model.decoder.layers.0.self_attn.kv_proj.weight": "model.decoder.layers.0.self_attn.{k,v}_proj.weight",
+    "model.decoder.layers.0.self_attn.out_proj.weight": "model.decoder.layers.0.self_attn.out_proj.weight",
+    "model.decoder.layers.0.self_attn_layer_norm.weight": "model.decoder.layers.0.self_attn_layer_norm.weight",
+    "model.decoder.layers.0.self_attn_layer_norm.bias": "model.decoder.layers.0.self_attn_layer_norm.bias",
+    "model.decoder.layers.0.encoder_attn.q_proj.weight": "model.decoder.layers.0.encoder_attn.q_proj.weight",
+    "model.decoder.layers.0.encoder_attn.kv_proj.weight": "model.decoder.layers.0.encoder_attn.{k,v}_proj.weight",
+    "model.decoder.layers.0.encoder_attn.out_proj.weight": "model.decoder.layers.0.encoder_attn.out_proj.weight",
+    "model.decoder.layers.0.encoder_attn_layer_norm.weight": "model.decoder.layers.0.encoder_attn_layer_norm.weight",
+    "model.decoder.layers.0.encoder_attn_layer_norm.bias": "model.decoder.layers.0.encoder_attn_layer_norm.bias",
+    "model.decoder.layers.0.feed_forward.fc1.weight": "model.decoder.layers.0.fc1.weight",
+    "model.decoder.layers.0.feed_forward.fc1.bias": "model.decoder.layers.0.fc1.bias",
+    "model.decoder.layers.0.feed_forward.fc2.weight": "model.decoder.layers.0.fc2.weight",
+    "model.decoder.layers.0.feed_forward.fc2.bias": "model.decoder.layers.0.fc2.bias",
+    "model.decoder.layers.0.feed_forward_layer_norm.weight": "model.decoder.layers.0.final_layer_norm.weight",
+    "model.decoder.layers.0.feed_forward_layer_norm.bias": "model.decoder.layers.0.final_layer_norm.bias",
+    "lm_head.weight": "lm_head.weight",
+}
+
+
+def test_every_weight_is_named_by_its_role():
+    model = tiny_model(encoder_layers=1, decoder_layers=1)
+    assert list(model.state_dict()) == list(STATE_DICT_KEYS_AND_MARIANS)
+    # pre-LN stacks end with a LayerNorm each; learned positions are weights
+    variant = tiny_model(
+        encoder_layers=1, decoder_layers=1, layer_norm_position="pre", position_embedding_type="learned"
+    )
+    assert set(variant.state_dict()) - set(model.state_dict()) == {
+        "model.encoder.embeddings.embed_positions.weight", "model.encoder.layer_norm.weight",
+        "model.encoder.layer_norm.bias", "model.decoder.embeddings.embed_positions.weight",
+        "model.decoder.layer_norm.weight", "model.decoder.layer_norm.bias",
+    }  # fmt: skip
 
 
 def copy_into_torch_transformer(model) -> nn.Transformer:
@@ -141,32 +194,31 @@ def copy_into_torch_transformer(model) -> nn.Transformer:
         batch_first=True,
     )
 
-    def copy_attention(theirs: nn.MultiheadAttention, ours):
-        attention = ours.sublayer
+    def copy_attention(theirs: nn.MultiheadAttention, attention):
         theirs.in_proj_weight.data = torch.cat([attention.q_proj.weight, attention.kv_proj.weight]).clone()
         theirs.in_proj_bias.data.zero_()
         theirs.out_proj.weight.data = attention.out_proj.weight.clone()
         theirs.out_proj.bias.data.zero_()
 
-    def copy_layer_norm(theirs: nn.LayerNorm, ours):
-        theirs.load_state_dict(ours.layer_norm.state_dict())
+    def copy_layer_norm(theirs: nn.LayerNorm, ours: nn.LayerNorm):
+        theirs.load_state_dict(ours.state_dict())
 
     def copy_feed_forward(theirs, ours):
-        theirs.linear1.load_state_dict(ours.sublayer.fc1.state_dict())
-        theirs.linear2.load_state_dict(ours.sublayer.fc2.state_dict())
+        theirs.linear1.load_state_dict(ours.fc1.state_dict())
+        theirs.linear2.load_state_dict(ours.fc2.state_dict())
 
     for theirs, ours in zip(reference.encoder.layers, model.model.encoder.layers):
         copy_attention(theirs.self_attn, ours.self_attn)
         copy_feed_forward(theirs, ours.feed_forward)
-        copy_layer_norm(theirs.norm1, ours.self_attn)
-        copy_layer_norm(theirs.norm2, ours.feed_forward)
+        copy_layer_norm(theirs.norm1, ours.self_attn_layer_norm)
+        copy_layer_norm(theirs.norm2, ours.feed_forward_layer_norm)
     for theirs, ours in zip(reference.decoder.layers, model.model.decoder.layers):
         copy_attention(theirs.self_attn, ours.self_attn)
         copy_attention(theirs.multihead_attn, ours.encoder_attn)
         copy_feed_forward(theirs, ours.feed_forward)
-        copy_layer_norm(theirs.norm1, ours.self_attn)
-        copy_layer_norm(theirs.norm2, ours.encoder_attn)
-        copy_layer_norm(theirs.norm3, ours.feed_forward)
+        copy_layer_norm(theirs.norm1, ours.self_attn_layer_norm)
+        copy_layer_norm(theirs.norm2, ours.encoder_attn_layer_norm)
+        copy_layer_norm(theirs.norm3, ours.feed_forward_layer_norm)
     return reference.eval()
 
 
