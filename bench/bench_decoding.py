@@ -1,6 +1,6 @@
 """Decoding speed: ours against MarianMTModel of the same size, greedy and beam 4, batch 1 and batch 64.
 
-    python bench/bench_decoding.py --repetitions 3
+    python -m bench.bench_decoding --repetitions 3
 
 Sources are real Multi30k test sentences: all 1,000 (batch 1 can take fewer, --batch1_sentences, for a quicker run).
 Both models are untrained and of the same shape, so each is made to produce exactly --new_tokens tokens per
@@ -9,32 +9,20 @@ alone. Repetitions are interleaved (ours, Marian, ours, ...); medians are report
 """
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.bench_training_step import marian_like  # noqa: E402
-from bench.common import interleaved_medians, machine, multi30k_sources, multi30k_tokenizer, write_results  # noqa: E402
-from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-
-
-def source_batches(tokenizer, sentences: list[str], batch_size: int) -> list[dict]:
-    return [
-        dict(tokenizer(sentences[i : i + batch_size], return_tensors="pt", padding=True))
-        for i in range(0, len(sentences), batch_size)
-    ]
-
-
-def decode_all(model, batches, **generate_kwargs):
-    def run():
-        with torch.no_grad():
-            for batch in batches:
-                model.generate(**batch, **generate_kwargs)
-
-    return run
+from bench.common import (
+    decode_all,
+    interleaved_medians,
+    machine,
+    marian_like,
+    multi30k_sources,
+    multi30k_tokenizer,
+    source_batches,
+    write_results,
+)
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
 
 def main():

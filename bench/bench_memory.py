@@ -1,6 +1,6 @@
 """Peak resident memory of one training step at the small and base presets.
 
-    python bench/bench_memory.py --presets small base --max_tokens 2048
+    python -m bench.bench_memory --presets small base --max_tokens 2048
 
 Each preset runs in a fresh process (so peaks do not mix): build the model with a 8,000-token vocabulary, take
 three training steps (forward, backward, Adam) on Multi30k batches of about --max_tokens tokens, and report the
@@ -9,18 +9,15 @@ process's peak RSS (`resource.getrusage`), with the RSS after building the model
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def measure(preset: str, max_tokens: int) -> dict:
     import torch
 
-    from bench.bench_training_step import multi30k_batches
+    from bench.common import multi30k_batches
     from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
     batches, tokenizer = multi30k_batches(3, max_tokens)
@@ -52,12 +49,12 @@ def main():
         print(json.dumps(measure(args.child, args.max_tokens)))
         return
 
-    from bench.common import machine, write_results
+    from bench.common import REPO_ROOT, machine, write_results
 
     rows = []
     for preset in args.presets:
-        command = [sys.executable, __file__, "--child", preset, "--max_tokens", str(args.max_tokens)]
-        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        command = [sys.executable, "-m", "bench.bench_memory", "--child", preset, "--max_tokens", str(args.max_tokens)]
+        output = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
         rows.append(json.loads(output.strip().splitlines()[-1]))
     print(f"{'preset':<8} {'parameters':>12} {'RSS after build (MiB)':>22} {'peak RSS training (MiB)':>24}")
     for row in rows:

@@ -1,6 +1,6 @@
 """Shared BPE vocabulary: training time on Multi30k train and batch-encoding speed.
 
-    python bench/bench_tokenizer.py [--repetitions 7]
+    python -m bench.bench_tokenizer [--repetitions 7]
 
 Trains the 8,000-token vocabulary on the 58,000 sentences of Multi30k train (both sides), then encodes all of
 them in one batch, interleaving two ways of calling the same tokenizer: the `tokenizers` library's own
@@ -10,14 +10,11 @@ conversion of every encoding to Python lists.
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.common import MULTI30K, interleaved_medians, machine, write_results  # noqa: E402
-from hf_vanilla_transformer.data import file_sentences  # noqa: E402
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe  # noqa: E402
+from bench.common import MULTI30K, interleaved_medians, machine, write_results
+from hf_vanilla_transformer.data import file_sentences
+from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
 
 
 def main():

@@ -1,6 +1,6 @@
 """The whole training loop: Seq2SeqTrainer throughput with token-budget batches against the stock padded batches.
 
-    python bench/bench_trainer_throughput.py --steps 30 --repetitions 3
+    python -m bench.bench_trainer_throughput --steps 30 --repetitions 3
 
 Both runs train the small preset on Multi30k train through the Trainer, end to end (sampling, collation with
 `DataCollatorForSeq2Seq`, padding, forward, label-smoothed loss, backward, AdamW, schedule), for --steps steps each:
@@ -11,21 +11,16 @@ tokens per step. Reported: the fraction of padding in the batches, and real targ
 """
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 
 import torch
+from datasets import Dataset
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from datasets import Dataset  # noqa: E402
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments  # noqa: E402
-
-from bench.common import machine, multi30k_encoded, multi30k_tokenizer, write_results  # noqa: E402
-from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from hf_vanilla_transformer.training import TokenBudgetBatchSampler, TokenBudgetSeq2SeqTrainer  # noqa: E402
+from bench.common import machine, multi30k_encoded, multi30k_tokenizer, write_results
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.training import TokenBudgetBatchSampler, TokenBudgetSeq2SeqTrainer
 
 
 class CountingCollator:

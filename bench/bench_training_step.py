@@ -1,6 +1,6 @@
 """Training-step speed against the peers a user would pick instead, and against this CPU's matmul limit.
 
-    python bench/bench_training_step.py --preset small --repetitions 5
+    python -m bench.bench_training_step --preset small --repetitions 5
 
 One training step (forward, backward, Adam step) of three models of the same size and shape, on the same batches
 cut from Multi30k train by our token-budget sampler: ours, transformers' MarianMTModel configured to match
@@ -9,7 +9,7 @@ with the same embeddings and output layer. Repetitions are interleaved (ours, Ma
 median kept. Also measured in the same run: dense fp32 matmul FLOP/s (torch.matmul, 2048x2048), and our step's
 model FLOPs utilisation = analytic FLOPs of the batch / step time / matmul FLOP/s.
 
-    python bench/bench_training_step.py --preset small --repetitions 7 --label_smoother_cache
+    python -m bench.bench_training_step --preset small --repetitions 7 --label_smoother_cache
 
 measures instead our step as the Trainer runs it with label smoothing (its `LabelSmoother` takes the labels, so
 the model is called without them) with the decoder's key/value cache built, as every training step did before
@@ -19,72 +19,21 @@ the cache was left out of training steps, against the same step without it.
 import argparse
 import copy
 import math
-import os
-import sys
 
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.common import interleaved_medians, machine, multi30k_encoded, multi30k_tokenizer, write_results  # noqa: E402
-from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from hf_vanilla_transformer.modeling_vanilla_transformer import (  # noqa: E402
-    VanillaTransformerSinusoidalPositionalEncoding,
-    shift_tokens_right,
+from bench.common import (
+    hf_loss,
+    interleaved_medians,
+    machine,
+    marian_like,
+    multi30k_batches,
+    step_function,
+    write_results,
 )
-from hf_vanilla_transformer.training import TokenBudgetBatchSampler  # noqa: E402
-
-
-def multi30k_batches(count: int, max_tokens: int, seed: int = 0):
-    """`count` padded training batches of Multi30k en-de, as our Trainer would cut them, and the tokenizer."""
-    from transformers import DataCollatorForSeq2Seq
-
-    tokenizer = multi30k_tokenizer()
-    encoded = multi30k_encoded(tokenizer)
-    sampler = TokenBudgetBatchSampler(
-        [len(ids) for ids in encoded["input_ids"]], [len(ids) for ids in encoded["labels"]], max_tokens, seed=seed
-    )
-    collate = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
-    batches = []
-    for indices in list(sampler)[:count]:
-        features = [{"input_ids": encoded["input_ids"][i], "labels": encoded["labels"][i]} for i in indices]
-        batch = collate(features)
-        batch["decoder_input_ids"] = shift_tokens_right(batch["labels"], tokenizer.pad_token_id, tokenizer.bos_token_id)
-        batches.append(dict(batch))
-    return batches, tokenizer
-
-
-def marian_like(config: VanillaTransformerConfig):
-    """MarianMTModel with our shape: post-LN, sinusoidal, scaled and tied embeddings, ReLU, same dropouts."""
-    from transformers import MarianConfig, MarianMTModel
-
-    model = MarianMTModel(
-        MarianConfig(
-            vocab_size=config.vocab_size,
-            d_model=config.d_model,
-            encoder_layers=config.encoder_layers,
-            decoder_layers=config.decoder_layers,
-            encoder_attention_heads=config.encoder_attention_heads,
-            decoder_attention_heads=config.decoder_attention_heads,
-            encoder_ffn_dim=config.encoder_ffn_dim,
-            decoder_ffn_dim=config.decoder_ffn_dim,
-            activation_function="relu",
-            dropout=config.dropout,
-            attention_dropout=0.0,
-            activation_dropout=0.0,
-            scale_embedding=True,
-            share_encoder_decoder_embeddings=True,
-            tie_word_embeddings=True,
-            max_position_embeddings=config.max_position_embeddings,
-            pad_token_id=config.pad_token_id,
-            eos_token_id=config.eos_token_id,
-            decoder_start_token_id=config.decoder_start_token_id,
-            forced_eos_token_id=None,
-        )
-    )
-    model.set_attn_implementation("sdpa")
-    return model
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
 
 
 class TorchTransformerTranslator(nn.Module):
@@ -132,25 +81,6 @@ class TorchTransformerTranslator(nn.Module):
         )
         logits = hidden @ self.embedding.weight.T
         return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
-
-
-def step_function(model, batches, loss_of):
-    # fused, as the Trainer's default optimizer in transformers 5 (adamw_torch_fused) is
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    model.train()
-
-    def run():
-        for batch in batches:
-            loss = loss_of(model, batch)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-    return run
-
-
-def hf_loss(model, batch):
-    return model(**batch).loss
 
 
 def label_smoother_loss(use_cache: bool | None):

@@ -1,4 +1,5 @@
-"""Shared helpers for the benchmarks: machine description, interleaved timing, result files."""
+"""Shared helpers for the benchmarks: machine description, interleaved timing, result files, and the data,
+models and step functions that more than one benchmark uses."""
 
 import json
 import os
@@ -10,9 +11,12 @@ from datetime import datetime, timezone
 
 import torch
 
+from hf_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla_transformer.data import file_sentences, read_translation_file
 from hf_vanilla_transformer.hub import cpu_name
+from hf_vanilla_transformer.modeling_vanilla_transformer import shift_tokens_right
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
+from hf_vanilla_transformer.training import TokenBudgetBatchSampler
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k")
@@ -61,3 +65,89 @@ def write_results(name: str, results: dict) -> str:
     with open(path, "w") as file:
         json.dump(results, file, indent=2)
     return path
+
+
+def multi30k_batches(count: int, max_tokens: int, seed: int = 0):
+    """`count` padded training batches of Multi30k en-de, as our Trainer would cut them, and the tokenizer."""
+    from transformers import DataCollatorForSeq2Seq
+
+    tokenizer = multi30k_tokenizer()
+    encoded = multi30k_encoded(tokenizer)
+    sampler = TokenBudgetBatchSampler(
+        [len(ids) for ids in encoded["input_ids"]], [len(ids) for ids in encoded["labels"]], max_tokens, seed=seed
+    )
+    collate = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
+    batches = []
+    for indices in list(sampler)[:count]:
+        features = [{"input_ids": encoded["input_ids"][i], "labels": encoded["labels"][i]} for i in indices]
+        batch = collate(features)
+        batch["decoder_input_ids"] = shift_tokens_right(batch["labels"], tokenizer.pad_token_id, tokenizer.bos_token_id)
+        batches.append(dict(batch))
+    return batches, tokenizer
+
+
+def marian_like(config: VanillaTransformerConfig):
+    """MarianMTModel with our shape: post-LN, sinusoidal, scaled and tied embeddings, ReLU, same dropouts."""
+    from transformers import MarianConfig, MarianMTModel
+
+    model = MarianMTModel(
+        MarianConfig(
+            vocab_size=config.vocab_size,
+            d_model=config.d_model,
+            encoder_layers=config.encoder_layers,
+            decoder_layers=config.decoder_layers,
+            encoder_attention_heads=config.encoder_attention_heads,
+            decoder_attention_heads=config.decoder_attention_heads,
+            encoder_ffn_dim=config.encoder_ffn_dim,
+            decoder_ffn_dim=config.decoder_ffn_dim,
+            activation_function="relu",
+            dropout=config.dropout,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            scale_embedding=True,
+            share_encoder_decoder_embeddings=True,
+            tie_word_embeddings=True,
+            max_position_embeddings=config.max_position_embeddings,
+            pad_token_id=config.pad_token_id,
+            eos_token_id=config.eos_token_id,
+            decoder_start_token_id=config.decoder_start_token_id,
+            forced_eos_token_id=None,
+        )
+    )
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def step_function(model, batches, loss_of):
+    # fused, as the Trainer's default optimizer in transformers 5 (adamw_torch_fused) is
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    model.train()
+
+    def run():
+        for batch in batches:
+            loss = loss_of(model, batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return run
+
+
+def hf_loss(model, batch):
+    return model(**batch).loss
+
+
+def source_batches(tokenizer, sentences: list[str], batch_size: int) -> list[dict]:
+    return [
+        dict(tokenizer(sentences[i : i + batch_size], return_tensors="pt", padding=True))
+        for i in range(0, len(sentences), batch_size)
+    ]
+
+
+def decode_all(model, batches, **generate_kwargs):
+    def run():
+        with torch.no_grad():
+            for batch in batches:
+                model.generate(**batch, **generate_kwargs)
+
+    return run

@@ -1,7 +1,7 @@
 """Where the time goes: torch.profiler over ours and MarianMTModel, training steps or beam-search decoding.
 
-    python bench/profile_models.py training --preset small --batches 4
-    python bench/profile_models.py decoding --preset small --batches 3
+    python -m bench.profile_models training --preset small --batches 4
+    python -m bench.profile_models decoding --preset small --batches 3
 
 `training`: forward + backward + fused Adam on the same Multi30k token-budget batches as
 bench_training_step.py. `decoding`: beam 4, batch 64, exactly 20 new tokens per sentence on Multi30k test
@@ -10,18 +10,22 @@ torch.profiler's table of the costliest operators; the shares go to bench/result
 """
 
 import argparse
-import os
-import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.bench_decoding import decode_all, source_batches  # noqa: E402
-from bench.bench_training_step import hf_loss, marian_like, multi30k_batches, step_function  # noqa: E402
-from bench.common import machine, multi30k_sources, write_results  # noqa: E402
-from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+from bench.common import (
+    decode_all,
+    hf_loss,
+    machine,
+    marian_like,
+    multi30k_batches,
+    multi30k_sources,
+    source_batches,
+    step_function,
+    write_results,
+)
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
 CATEGORIES = {
     "matrix products": lambda name: name in ("aten::mm", "aten::addmm", "aten::bmm"),
