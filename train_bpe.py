@@ -8,12 +8,13 @@ A thin command line over `hf_vanilla_transformer.tokenizer_training.train_shared
 """
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import chain, islice
 
 from transformers import HfArgumentParser
 
-from hf_vanilla_transformer.data import TranslationDataError, file_sentences, read_dataset
+from hf_vanilla_transformer.cli import command_line_error
+from hf_vanilla_transformer.data import file_sentences, read_dataset
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
 
@@ -40,8 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     (args,) = HfArgumentParser(BpeTrainingArguments).parse_args_into_dataclasses(argv)
     try:
         train(args)
-    except (TranslationDataError, ValueError, OSError) as error:
-        sys.exit(f"train_bpe.py: error: {error}")
+    except (ValueError, OSError) as error:
+        sys.exit(f"train_bpe.py: error: {command_line_error(error, {f.name for f in fields(BpeTrainingArguments)})}")
 
 
 def train(args: BpeTrainingArguments) -> None:
@@ -59,7 +60,7 @@ def train(args: BpeTrainingArguments) -> None:
     tokenizer = train_shared_bpe(
         islice(sentences, args.max_sentences), vocab_size=args.vocab_size, min_frequency=args.min_frequency
     )
-    with atomic_output_dir(args.output_dir, overwrite=args.overwrite_output_dir) as staging:
+    with atomic_output_dir(args.output_dir, overwrite_output_dir=args.overwrite_output_dir) as staging:
         tokenizer.save_pretrained(staging)
     print(f"Saved a {len(tokenizer)}-token shared BPE vocabulary to {args.output_dir}")
 

@@ -4,7 +4,7 @@
 
 Both runs train the small preset on Multi30k train through the Trainer, end to end (sampling, collation with
 `DataCollatorForSeq2Seq`, padding, forward, label-smoothed loss, backward, AdamW, schedule), for --steps steps each:
-ours with `TokenBudgetSeq2SeqTrainer(max_tokens_per_batch=...)`, the stock one with the Trainer's own random
+ours with `TranslationTrainer` and `max_tokens_per_batch`, the stock one with the Trainer's own random
 batches of a fixed number of sentences, set to the token-budget batches' mean so that both see about as many real
 tokens per step. Reported: the fraction of padding in the batches, and real target tokens per second of
 `trainer.train()` wall time. Repetitions are interleaved (ours, stock, ours, ...); medians are kept.
@@ -16,11 +16,11 @@ import tempfile
 
 import torch
 from datasets import Dataset
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+from transformers import DataCollatorForSeq2Seq
 
 from bench.common import machine, multi30k_encoded, multi30k_tokenizer, write_results
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.training import TokenBudgetBatchSampler, TokenBudgetSeq2SeqTrainer
+from hf_vanilla_transformer.training import TokenBudgetBatchSampler, TranslationTrainer, TranslationTrainingArguments
 
 
 class CountingCollator:
@@ -51,18 +51,13 @@ def train_once(train_dataset, tokenizer, preset: str, steps: int, max_tokens: in
     )
     collator = CountingCollator(DataCollatorForSeq2Seq(tokenizer, model=model))
     with tempfile.TemporaryDirectory() as output_dir:
-        args = Seq2SeqTrainingArguments(
+        args = TranslationTrainingArguments(  # the paper's Adam, schedule and label smoothing by default
             output_dir=output_dir,
             max_steps=steps,
             per_device_train_batch_size=batch_size,
+            max_tokens_per_batch=max_tokens,
             learning_rate=7e-4,
-            lr_scheduler_type="inverse_sqrt",
             warmup_steps=10,
-            adam_beta2=0.98,
-            adam_epsilon=1e-9,
-            weight_decay=0.0,
-            max_grad_norm=0.0,
-            label_smoothing_factor=0.1,
             save_strategy="no",
             logging_strategy="no",
             report_to="none",
@@ -70,13 +65,8 @@ def train_once(train_dataset, tokenizer, preset: str, steps: int, max_tokens: in
             use_cpu=True,
             seed=1,
         )
-        trainer = TokenBudgetSeq2SeqTrainer(
-            model=model,
-            args=args,
-            train_dataset=train_dataset,
-            processing_class=tokenizer,
-            data_collator=collator,
-            max_tokens_per_batch=max_tokens,
+        trainer = TranslationTrainer(
+            model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer, data_collator=collator
         )
         seconds = trainer.train().metrics["train_runtime"]
     used = collator.batches[:steps]  # the dataloader may have collated one batch ahead

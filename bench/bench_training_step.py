@@ -34,6 +34,7 @@ from bench.common import (
 )
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
+from hf_vanilla_transformer.training import TranslationTrainingArguments
 
 
 class TorchTransformerTranslator(nn.Module):
@@ -84,10 +85,10 @@ class TorchTransformerTranslator(nn.Module):
 
 
 def label_smoother_loss(use_cache: bool | None):
-    """The Trainer's loss with `label_smoothing_factor=0.1`: the model called without labels, then LabelSmoother."""
+    """The Trainer's loss with the paper's label smoothing: the model called without labels, then LabelSmoother."""
     from transformers.trainer_pt_utils import LabelSmoother
 
-    smoother = LabelSmoother(epsilon=0.1)
+    smoother = LabelSmoother(epsilon=TranslationTrainingArguments.label_smoothing_factor)
 
     def loss_of(model, batch):
         inputs = {name: value for name, value in batch.items() if name != "labels"}

@@ -16,7 +16,7 @@ from hf_vanilla_transformer.data import file_sentences, read_translation_file
 from hf_vanilla_transformer.hub import cpu_name
 from hf_vanilla_transformer.modeling_vanilla_transformer import shift_tokens_right
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
-from hf_vanilla_transformer.training import TokenBudgetBatchSampler
+from hf_vanilla_transformer.training import TokenBudgetBatchSampler, TranslationTrainingArguments
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MULTI30K = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k")
@@ -119,8 +119,11 @@ def marian_like(config: VanillaTransformerConfig):
 
 
 def step_function(model, batches, loss_of):
-    # fused, as the Trainer's default optimizer in transformers 5 (adamw_torch_fused) is
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    # the paper's Adam, fused, as the Trainer's default optimizer in transformers 5 (adamw_torch_fused) is
+    paper = TranslationTrainingArguments
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=1e-4, betas=(paper.adam_beta1, paper.adam_beta2), eps=paper.adam_epsilon, fused=True
+    )
     model.train()
 
     def run():

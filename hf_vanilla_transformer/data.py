@@ -10,10 +10,12 @@ import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
+from .errors import ParameterError
+
 TRANSLATION_FILE_EXTENSIONS = (".json", ".jsonl")
 
 
-class TranslationDataError(ValueError):
+class TranslationDataError(ParameterError):
     """Input data that cannot be used; the message says where and why."""
 
 
@@ -71,7 +73,7 @@ def read_dataset(
     try:
         dataset = datasets.load_dataset(dataset_name, dataset_config_name, split=split)
     except (FileNotFoundError, ValueError, ConnectionError) as error:
-        raise TranslationDataError(f"--dataset_name {dataset_name}: cannot load it ({error})") from None
+        raise TranslationDataError(f"dataset_name {dataset_name}: cannot load it ({error})", "dataset_name") from None
     for index, row in enumerate(dataset):
         yield translation_pair(row, f"{dataset_name}[{split}] row {index}", source_lang, target_lang)
 

@@ -6,13 +6,19 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from .errors import ParameterError
 
-def check_output_dir(output_dir: str, overwrite: bool) -> None:
+
+def check_output_dir(output_dir: str, overwrite_output_dir: bool) -> None:
     """Refuse to replace a non-empty folder unless asked to, before any work is done."""
-    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite:
-        raise ValueError(f"--output_dir {output_dir} exists and is not empty; add --overwrite_output_dir to replace it")
+    if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite_output_dir:
+        raise ParameterError(
+            f"output_dir {output_dir} exists and is not empty; add overwrite_output_dir to replace it",
+            "output_dir",
+            "overwrite_output_dir",
+        )
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ValueError(f"--output_dir {output_dir} exists and is not a folder")
+        raise ParameterError(f"output_dir {output_dir} exists and is not a folder", "output_dir")
 
 
 def write_text_atomically(path: str, text: str) -> None:
@@ -24,9 +30,9 @@ def write_text_atomically(path: str, text: str) -> None:
 
 
 @contextmanager
-def atomic_output_dir(output_dir: str, overwrite: bool = False) -> Iterator[str]:
+def atomic_output_dir(output_dir: str, overwrite_output_dir: bool = False) -> Iterator[str]:
     """Yield a temporary folder beside `output_dir`; on success it replaces `output_dir`, on error it is removed."""
-    check_output_dir(output_dir, overwrite)
+    check_output_dir(output_dir, overwrite_output_dir)
     parent = os.path.dirname(os.path.abspath(output_dir))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(output_dir))}.", dir=parent)

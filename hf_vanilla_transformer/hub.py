@@ -4,12 +4,15 @@ The metadata (languages, license, tags, datasets, metrics and a `model-index` wi
 `ModelCardData`, so huggingface_hub writes the YAML the Hub expects.
 """
 
+import math
 import os
 from pathlib import Path
 
 import torch
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects
+
+from .training import paper_learning_rate
 
 # The template is the repository's top-level model_card.md; the package carries a link to it.
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parent / "model_card.md"
@@ -85,6 +88,36 @@ def render_model_card(
         signatures=signatures,
         example_source=example_source.replace('"', '\\"'),
     )
+
+
+def training_table(
+    args, d_model: int, steps: int, training_pairs: int | None, training_seconds: float | None, data: str
+) -> dict[str, str]:
+    """The card's "Training" list, from the run's `TranslationTrainingArguments` (or `Seq2SeqTrainingArguments`)."""
+    schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+    scale = getattr(args, "learning_rate_scale", None)
+    from_equation_3 = (
+        scale is not None
+        and args.warmup_steps >= 1
+        and float(args.warmup_steps).is_integer()
+        and math.isclose(args.learning_rate, paper_learning_rate(d_model, args.warmup_steps, scale))
+    )
+    equation = f" (Equation 3 × {scale:g})" if from_equation_3 else ""
+    max_tokens = getattr(args, "max_tokens_per_batch", None)
+    averaged = getattr(args, "average_last_checkpoints", 1)
+    return {
+        "data": data,
+        "training pairs": "—" if training_pairs is None else training_pairs,
+        "optimizer": f"Adam (β1={args.adam_beta1}, β2={args.adam_beta2}, ε={args.adam_epsilon})",
+        "learning rate": f"{schedule}, peak {args.learning_rate:.3g}{equation}, {args.warmup_steps:g} warmup steps",
+        "batches": f"about {max_tokens} tokens" if max_tokens else f"{args.per_device_train_batch_size} sentence pairs",
+        "gradient accumulation": args.gradient_accumulation_steps,
+        "label smoothing": args.label_smoothing_factor,
+        "checkpoint averaging": f"last {averaged}" if averaged > 1 else "none",
+        "steps": steps,
+        "training time": "—" if training_seconds is None else f"{training_seconds / 60:.1f} minutes",
+        "hardware": describe_hardware(),
+    }
 
 
 def cpu_name() -> str:

@@ -13,6 +13,7 @@ signatures that say exactly how they were computed (Post, 2018).
 
 import datasets
 import evaluate
+import numpy as np
 import sacrebleu
 
 _CITATION = """\
@@ -79,3 +80,25 @@ class TranslationMetrics(evaluate.Metric):
 def load_translation_metric() -> evaluate.EvaluationModule:
     """This module, loaded through `evaluate.load` from its file (no network)."""
     return evaluate.load(__file__)
+
+
+def decode_generated(generated: np.ndarray, tokenizer) -> list[str]:
+    """Detokenized text of `generate()` output as the Trainer returns it (padded with -100 between batches)."""
+    generated = np.where(generated == -100, tokenizer.pad_token_id, generated)
+    return [text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+
+
+def score_generated(generated: np.ndarray, tokenizer, references: list[str], metric) -> tuple[list[str], dict]:
+    """The translations in `generated` and their scores (`metric.compute`) against one raw reference each."""
+    predictions = decode_generated(generated, tokenizer)
+    return predictions, metric.compute(predictions=predictions, references=[[r] for r in references])
+
+
+def bleu_and_chrf_against(references: list[str], tokenizer, metric):
+    """A Trainer's `compute_metrics`: BLEU and chrF of the generated translations against `references`."""
+
+    def compute_metrics(prediction) -> dict:
+        _, scores = score_generated(prediction.predictions, tokenizer, references, metric)
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    return compute_metrics

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .errors import ParameterError
+
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 SPECIAL_TOKENS = [BOS, PAD, EOS, UNK]  # ids 0, 1, 2, 3
 BYTE_ALPHABET_SIZE = len(pre_tokenizers.ByteLevel.alphabet())
@@ -34,12 +36,13 @@ def train_shared_bpe(
     `model_max_length` is what `truncation=True` cuts to: the model's `max_position_embeddings`.
     """
     if vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(
-            f"--vocab_size {vocab_size} is below the minimum {MIN_VOCAB_SIZE}: "
-            f"the {BYTE_ALPHABET_SIZE}-byte alphabet plus {len(SPECIAL_TOKENS)} special tokens"
+        raise ParameterError(
+            f"vocab_size {vocab_size} is below the minimum {MIN_VOCAB_SIZE}: "
+            f"the {BYTE_ALPHABET_SIZE}-byte alphabet plus {len(SPECIAL_TOKENS)} special tokens",
+            "vocab_size",
         )
     if min_frequency < 1:
-        raise ValueError(f"--min_frequency {min_frequency} must be at least 1")
+        raise ParameterError(f"min_frequency {min_frequency} must be at least 1", "min_frequency")
 
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFKC()

@@ -1,5 +1,8 @@
-"""Training utilities for the paper's recipe (Section 5): token-budget batches, the learning-rate schedule,
-checkpoint averaging, and a `Seq2SeqTrainer` that uses them.
+"""Training utilities for the paper's recipe (Section 5): its settings as `TrainingArguments` defaults, token-budget
+batches, the learning-rate schedule, checkpoint averaging, a time budget, and a `Seq2SeqTrainer` that uses them.
+
+- Settings (Sections 5.3, 5.4): `TranslationTrainingArguments` is `Seq2SeqTrainingArguments` with the paper's
+  values as defaults, written once here; recipes, benchmarks and tests read them from it.
 
 - Batching (Section 5.1): "Sentence pairs were batched together by approximate sequence length. Each training
   batch contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target tokens."
@@ -12,15 +15,64 @@ checkpoint averaging, and a `Seq2SeqTrainer` that uses them.
 - Label smoothing (Section 5.4) is the Trainer's own `label_smoothing_factor`.
 """
 
+import logging
 import os
 import random
 import re
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Sampler
-from transformers import Seq2SeqTrainer
+from tqdm.auto import tqdm
+from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers.trainer_utils import SchedulerType
+
+from .errors import ParameterError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TranslationTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` whose defaults are the paper's recipe, plus the settings the recipe adds.
+
+    Section 5.3: Adam with beta1 = 0.9 (transformers' default too), beta2 = 0.98, epsilon = 1e-9, and the learning
+    rate of Equation 3 — transformers' `inverse_sqrt` schedule over 4,000 warmup steps, whose peak is
+    `learning_rate_scale` * d_model^-0.5 * warmup_steps^-0.5 unless `learning_rate` is given. Section 5.4: label
+    smoothing 0.1. The paper names no weight decay (transformers' default is none) and no gradient clipping.
+    """
+
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam's beta2 (Section 5.3: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam's epsilon (Section 5.3: 1e-9)."})
+    lr_scheduler_type: SchedulerType | str = field(
+        default="inverse_sqrt", metadata={"help": "The schedule; inverse_sqrt is Equation 3's."}
+    )
+    warmup_steps: float = field(default=4000, metadata={"help": "Warmup steps of Equation 3 (Section 5.3: 4000)."})
+    learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "Peak learning rate (default: learning_rate_scale * d_model^-0.5 * warmup_steps^-0.5)."},
+    )
+    learning_rate_scale: float = field(
+        default=1.0, metadata={"help": "Multiplies Equation 3 when learning_rate is not given (the paper: 1)."}
+    )
+    label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing (Section 5.4: 0.1)."})
+    max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping norm; 0: none, as in the paper."})
+    max_tokens_per_batch: int | None = field(
+        default=None,
+        metadata={"help": "Token budget of a training batch, per process and accumulation step (Section 5.1)."},
+    )
+    average_last_checkpoints: int = field(
+        default=1, metadata={"help": "Average the weights of the last K checkpoints into the final model (6.1)."}
+    )
+    max_train_minutes: float | None = field(
+        default=None, metadata={"help": "Stop training (after saving a checkpoint) once this much time has passed."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace a non-empty output_dir (transformers 5 removed this setting)."}
+    )
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -101,7 +153,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
 def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
     """The peak of Equation 3, scale * d_model^-0.5 * warmup^-0.5, reached at step `warmup_steps`."""
-    return scale * d_model**-0.5 * warmup_steps**-0.5
+    if warmup_steps < 1 or warmup_steps != int(warmup_steps):
+        raise ParameterError(
+            f"warmup_steps {warmup_steps} must be a whole number of steps, at least 1, for Equation 3", "warmup_steps"
+        )
+    return scale * d_model**-0.5 * int(warmup_steps) ** -0.5
 
 
 def checkpoint_folders(output_dir: str) -> list[str]:
@@ -141,24 +197,91 @@ def load_averaged_checkpoints(model: torch.nn.Module, folders: Sequence[str]) ->
         raise ValueError(f"checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
 
 
-class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
-    """`Seq2SeqTrainer` whose training batches hold about `max_tokens_per_batch` tokens (per process and step of
-    gradient accumulation) instead of a fixed number of sentences. With `max_tokens_per_batch=None` it is the
-    plain `Seq2SeqTrainer`. The train dataset needs `input_ids` and `labels` columns.
+class TimeLimitCallback(TrainerCallback):
+    """Ends training, with a final checkpoint, once `minutes` of training have passed."""
+
+    def __init__(self, minutes: float):
+        self.seconds = minutes * 60
+        self.start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.elapsed() >= self.seconds:
+            control.should_training_stop = True
+            control.should_save = args.save_strategy != "no"
+        return control
+
+
+class TimeBudgetProgressCallback(ProgressCallback):
+    """transformers' progress bars, with the training bar measured against the time limit instead of `max_steps`:
+    the time spent of the time budget, the step and the latest training loss.
     """
 
-    def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.max_tokens_per_batch = max_tokens_per_batch
+    def __init__(self, time_limit: TimeLimitCallback):
+        super().__init__()
+        self.time_limit = time_limit
+        self.postfix = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            budget = tqdm.format_interval(self.time_limit.seconds)
+            self.training_bar = tqdm(
+                total=round(self.time_limit.seconds),
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} of " + budget + "{postfix}",
+                desc="Training",
+                dynamic_ncols=True,
+            )
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.training_bar.n = min(round(self.time_limit.elapsed()), self.training_bar.total)
+            self.postfix["step"] = state.global_step
+            self.training_bar.set_postfix(self.postfix)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and self.training_bar is not None and "loss" in (logs or {}):
+            self.postfix["loss"] = f"{logs['loss']:.4g}"
+        super().on_log(args, state, control, logs=logs, **kwargs)
+
+
+class TranslationTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` for the paper's recipe, driven by `TranslationTrainingArguments`:
+
+    - training batches of about `max_tokens_per_batch` tokens (per process and step of gradient accumulation)
+      instead of a fixed number of sentences (`None`: the Trainer's own batches);
+    - the learning rate of Equation 3 for the model's d_model when `learning_rate` is not given;
+    - a time limit, `max_train_minutes`, with a progress bar against it;
+    - `average_checkpoints_into_model()`, which loads the mean of the last `average_last_checkpoints` checkpoints.
+
+    With plain `Seq2SeqTrainingArguments` it is the plain `Seq2SeqTrainer`. The train dataset needs `input_ids` and
+    `labels` columns for token budgets.
+    """
+
+    def __init__(self, model=None, args=None, *other, **kwargs):
+        if args is not None and getattr(args, "learning_rate", 0) is None:
+            args.learning_rate = paper_learning_rate(model.config.d_model, args.warmup_steps, args.learning_rate_scale)
+        super().__init__(model, args, *other, **kwargs)
+        minutes = getattr(self.args, "max_train_minutes", None)
+        if minutes is not None:
+            time_limit = TimeLimitCallback(minutes)
+            self.add_callback(time_limit)
+            if self.pop_callback(ProgressCallback) is not None:
+                self.add_callback(TimeBudgetProgressCallback(time_limit))
 
     def get_train_dataloader(self) -> DataLoader:
-        if self.max_tokens_per_batch is None:
+        max_tokens = getattr(self.args, "max_tokens_per_batch", None)
+        if max_tokens is None:
             return super().get_train_dataloader()
         dataset = self._remove_unused_columns(self.train_dataset, description="Training")
         sampler = TokenBudgetBatchSampler(
             [len(ids) for ids in dataset["input_ids"]],
             [len(ids) for ids in dataset["labels"]],
-            max_tokens=self.max_tokens_per_batch,
+            max_tokens=max_tokens,
             num_replicas=self.args.world_size,
             rank=self.args.process_index,
             seed=self.args.seed,
@@ -177,3 +300,20 @@ class TokenBudgetSeq2SeqTrainer(Seq2SeqTrainer):
         if getattr(shard, "batch_sampler", None) is sampler:
             shard.num_processes, shard.process_index = 1, 0
         return dataloader
+
+    def average_checkpoints_into_model(self) -> list[str]:
+        """Section 6.1: load into the model the average of the last `args.average_last_checkpoints` checkpoints in
+        `args.output_dir`, the final step's included (saved first if it was not a save step). Returns their folders.
+        """
+        count = self.args.average_last_checkpoints
+        folders = checkpoint_folders(self.args.output_dir)
+        final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+        if final not in folders:
+            self.save_model(final)
+            folders.append(final)
+        chosen = folders[-count:]
+        if len(chosen) < count:
+            logger.warning("Only %d checkpoints to average (asked for %d)", len(chosen), count)
+        logger.info("Averaging %s", ", ".join(os.path.basename(folder) for folder in chosen))
+        load_averaged_checkpoints(self.model, chosen)
+        return chosen

@@ -14,7 +14,12 @@ import sys
 
 from tqdm.auto import tqdm
 
+from hf_vanilla_transformer.cli import command_line_error
+from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.files import write_text_atomically
+
+# the parameters of the functions below that the command line sets with a flag of another name
+FLAGS = {"path": "input", "model_path": "model"}
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
         lines = read_lines(args.input)
         translator = load_translator(args.model, args.device)
     except (OSError, ValueError) as error:
-        sys.exit(f"vanilla-translate: error: {error}")
+        sys.exit(f"vanilla-translate: error: {command_line_error(error, FLAGS)}")
     generate_kwargs = {
         key: value for key, value in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens)) if value
     }
@@ -47,18 +52,18 @@ def read_lines(path: str) -> list[str]:
     if path == "-":
         return sys.stdin.read().splitlines()
     if not os.path.isfile(path):
-        raise OSError(f"--input {path}: no such file")
+        raise ParameterError(f"path {path}: no such file", "path")
     try:
         with open(path, encoding="utf-8") as file:
             return file.read().splitlines()
     except UnicodeDecodeError as error:
-        raise ValueError(f"--input {path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise ParameterError(f"path {path}: not UTF-8 text ({error.reason} at byte {error.start})", "path") from None
 
 
 def load_translator(model_path: str, device: str | None):
     """A TranslationPipeline over the folder's model and tokenizer."""
     if not os.path.isfile(os.path.join(model_path, "config.json")):
-        raise OSError(f"--model {model_path}: not a model folder (no config.json)")
+        raise ParameterError(f"model_path {model_path}: not a model folder (no config.json)", "model_path")
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 

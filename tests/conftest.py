@@ -80,9 +80,8 @@ TINY_RUN = [
     "--preset", "small", "--vocab_size", "1000",
     "--config_overrides", "d_model=64,encoder_ffn_dim=128,decoder_ffn_dim=128,encoder_layers=2,decoder_layers=2",
     "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--num_beams", "2",
-    "--max_steps", "150", "--max_tokens_per_batch", "1500", "--lr_scheduler_type", "inverse_sqrt",
-    "--warmup_steps", "40", "--learning_rate_scale", "0.3", "--adam_beta2", "0.98", "--adam_epsilon", "1e-9",
-    "--label_smoothing_factor", "0.1", "--save_steps", "50", "--average_last_checkpoints", "3",
+    "--max_steps", "150", "--max_tokens_per_batch", "1500", "--warmup_steps", "40", "--learning_rate_scale", "0.3",
+    "--save_steps", "50", "--average_last_checkpoints", "3",
     "--logging_steps", "25", "--per_device_eval_batch_size", "32", "--report_to", "none", "--use_cpu", "true",
     "--disable_tqdm", "true", "--seed", "0",
 ]  # fmt: skip

@@ -10,7 +10,7 @@ from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.training import TokenBudgetSeq2SeqTrainer
+from hf_vanilla_transformer.training import TranslationTrainer
 
 
 def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:
@@ -95,7 +95,7 @@ def output_lengths(predictions) -> list[int]:
     return lengths
 
 
-@pytest.mark.parametrize("trainer_class", [Seq2SeqTrainer, TokenBudgetSeq2SeqTrainer])
+@pytest.mark.parametrize("trainer_class", [Seq2SeqTrainer, TranslationTrainer])
 def test_evaluation_keeps_the_length_limit_of_every_batch_and_of_the_saved_model(tmp_path, trainer_class):
     """Seq2SeqTrainer fills the model's unset generation settings with transformers' defaults after its first
     evaluation batch (max_length=20 among them); every later batch, and every later call, must still decode each

@@ -10,7 +10,8 @@ from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, get_s
 
 from hf_vanilla_transformer.training import (
     TokenBudgetBatchSampler,
-    TokenBudgetSeq2SeqTrainer,
+    TranslationTrainer,
+    TranslationTrainingArguments,
     average_checkpoints,
     checkpoint_folders,
     load_averaged_checkpoints,
@@ -128,15 +129,16 @@ def test_trainer_batches_by_token_budget_with_gradient_accumulation(tmp_path):
     sources = [" ".join(rng.choices(LETTERS, k=rng.randint(2, 30))) for _ in range(300)]
     dataset = Dataset.from_dict(dict(tokenizer(sources, text_target=[s[::-1] for s in sources])))
     model = tiny_model(vocab_size=len(tokenizer))
-    args = Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path), gradient_accumulation_steps=2, max_steps=3, report_to=[], use_cpu=True
-    )
-    trainer = TokenBudgetSeq2SeqTrainer(
-        model=model,
-        args=args,
-        train_dataset=dataset,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path),
+        gradient_accumulation_steps=2,
+        max_steps=3,
         max_tokens_per_batch=256,
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = TranslationTrainer(
+        model=model, args=args, train_dataset=dataset, data_collator=DataCollatorForSeq2Seq(tokenizer, model=model)
     )
     batches = list(trainer.get_train_dataloader())
     assert sum(len(batch["input_ids"]) for batch in batches) == 300
