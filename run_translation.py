@@ -278,16 +278,21 @@ def train_and_evaluate(run: Run) -> dict:
 def write_model_card(trainer, run: Run, card_results: dict, results: dict) -> None:
     args, data_args, splits = run.training_args, run.data_args, run.splits
     data = data_args.dataset_description or data_args.dataset_name or data_args.train_file or "—"
+    training = training_table(
+        args,
+        trainer.model.config.d_model,
+        trainer.state.global_step,
+        training_pairs=results.get("train_samples"),
+        training_seconds=results.get("train_runtime"),
+        data=data,
+    )
     card = render_model_card(
         trainer.model,
         model_id=args.hub_model_id or os.path.basename(os.path.abspath(args.output_dir)),
         source_lang=data_args.source_lang,
         target_lang=data_args.target_lang,
         results=card_results,
-        training=training_table(
-            args, trainer.model.config.d_model, trainer.state.global_step,
-            results.get("train_samples"), results.get("train_runtime"), data,
-        ),  # fmt: skip
+        training=training,
         dataset_id=data_args.dataset_name,
         dataset_name=data_args.dataset_description or data_args.dataset_name,
         example_source=splits["test"]["source"][0] if "test" in splits else "A man is sleeping.",

@@ -27,7 +27,7 @@ VanillaTransformerForConditionalGeneration.register_for_auto_class("AutoModelFor
 __all__ = [
     "TranslationPipeline",
     "VanillaTransformerConfig",
-    "VanillaTransformerPreTrainedModel",
-    "VanillaTransformerModel",
     "VanillaTransformerForConditionalGeneration",
+    "VanillaTransformerModel",
+    "VanillaTransformerPreTrainedModel",
 ]

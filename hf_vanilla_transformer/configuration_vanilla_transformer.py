@@ -7,16 +7,18 @@ trains on Multi30k on a laptop CPU.
 """
 
 import copy
+from typing import Literal, get_args, get_origin
 
 from huggingface_hub.dataclasses import strict
+from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 # Imported (not only named) so that saving a config also copies the pipeline's file into the folder.
 from .pipeline_translation import CUSTOM_PIPELINES
 
-POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
-LAYER_NORM_POSITIONS = ("post", "pre")
+PositionEmbeddingType = Literal["sinusoidal", "learned"]
+LayerNormPosition = Literal["post", "pre"]
 
 # Section 6.1 and Table 3. "small" is ours: a quarter of base's width and half its depth, sized so that one
 # epoch of Multi30k (29k pairs) takes minutes on 2 CPU cores; vocab_size matches the 8k joint BPE that
@@ -56,6 +58,27 @@ PRESETS = {
 }
 
 
+def field_errors_as_value_errors(cls):
+    """Make the type checks of `@strict` raise, like our own checks, a ValueError naming the field and its allowed
+    values (huggingface_hub's StrictDataclassFieldValidationError is not a ValueError)."""
+    strict_setattr = cls.__setattr__
+
+    def __setattr__(self, name, value):
+        try:
+            strict_setattr(self, name, value)
+        except StrictDataclassFieldValidationError as error:
+            annotation = cls.__dataclass_fields__[name].type
+            if get_origin(annotation) is Literal:
+                problem = f"must be one of {', '.join(map(repr, get_args(annotation)))}"
+            else:
+                problem = f"has the wrong type ({error.__cause__})"
+            raise ValueError(f"{cls.__name__}.{name}={value!r} is invalid: it {problem}") from None
+
+    cls.__setattr__ = __setattr__
+    return cls
+
+
+@field_errors_as_value_errors
 @strict
 class VanillaTransformerConfig(PretrainedConfig):
     r"""
@@ -138,8 +161,8 @@ class VanillaTransformerConfig(PretrainedConfig):
     attention_dropout: float | int = 0.0
     activation_dropout: float | int = 0.0
     max_position_embeddings: int = 1024
-    position_embedding_type: str = "sinusoidal"
-    layer_norm_position: str = "post"
+    position_embedding_type: PositionEmbeddingType = "sinusoidal"
+    layer_norm_position: LayerNormPosition = "post"
     layer_norm_eps: float = 1e-5
     scale_embedding: bool = True
     init_std: float | None = None
@@ -205,12 +228,9 @@ class VanillaTransformerConfig(PretrainedConfig):
             self._require(0 <= getattr(self, name) < 1, name, "must be in [0, 1)")
         self._require(self.init_std is None or self.init_std > 0, "init_std", "must be positive or None")
         self._require(self.layer_norm_eps > 0, "layer_norm_eps", "must be positive")
-        for name, choices in (
-            ("position_embedding_type", POSITION_EMBEDDING_TYPES),
-            ("layer_norm_position", LAYER_NORM_POSITIONS),
-            ("activation_function", sorted(ACT2FN)),
-        ):
-            self._require(getattr(self, name) in choices, name, f"must be one of {', '.join(map(repr, choices))}")
+        # position_embedding_type and layer_norm_position are Literal fields: @strict checks them on assignment
+        choices = ", ".join(map(repr, sorted(ACT2FN)))
+        self._require(self.activation_function in ACT2FN, "activation_function", f"must be one of {choices}")
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
             self._require(

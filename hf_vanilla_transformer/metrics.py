@@ -58,7 +58,7 @@ class TranslationMetrics(evaluate.Metric):
         reference_counts = {len(refs) for refs in references}
         if len(reference_counts) > 1:
             raise ValueError("every prediction needs the same number of references")
-        reference_streams = [list(stream) for stream in zip(*references)]
+        reference_streams = [list(stream) for stream in zip(*references, strict=False)]
         bleu = sacrebleu.metrics.BLEU()
         chrf = sacrebleu.metrics.CHRF()
         bleu_score = bleu.corpus_score(predictions, reference_streams)

@@ -738,7 +738,7 @@ def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfi
 
 
 __all__ = [
-    "VanillaTransformerPreTrainedModel",
-    "VanillaTransformerModel",
     "VanillaTransformerForConditionalGeneration",
+    "VanillaTransformerModel",
+    "VanillaTransformerPreTrainedModel",
 ]

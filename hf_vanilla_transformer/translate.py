@@ -83,7 +83,7 @@ def translate_lines(translator, lines: list[str], batch_size: int, generate_kwar
     translations = [""] * len(lines)
     outputs = translator((lines[i] for i in order), batch_size=batch_size, **generate_kwargs)
     for index, output in tqdm(
-        zip(order, outputs), total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr
+        zip(order, outputs, strict=False), total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr
     ):
         translations[index] = output[0]["translation_text"]
     return translations

@@ -1,5 +1,8 @@
 """VanillaTransformerConfig: the paper's defaults, presets, HF attribute names and clear errors for bad values."""
 
+import inspect
+from typing import Literal
+
 import pytest
 import torch
 from transformers import AutoConfig
@@ -82,11 +85,21 @@ def test_parameter_count_matches_table_3(preset, paper_millions):
         (dict(pad_token_id=37000), r"pad_token_id=37000 is invalid: it must be a token id in the vocabulary"),
         (dict(vocab_size=100, eos_token_id=100), r"eos_token_id=100 is invalid"),
         (dict(decoder_start_token_id=-1), r"decoder_start_token_id=-1 is invalid"),
+        (dict(d_model="abc"), r"d_model='abc' is invalid: it has the wrong type"),
     ],
 )
 def test_bad_values_raise_value_error_naming_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
         VanillaTransformerConfig(**overrides)
+
+
+def test_enum_like_fields_show_their_values_in_the_signature():
+    parameters = inspect.signature(VanillaTransformerConfig).parameters
+    assert parameters["position_embedding_type"].annotation == Literal["sinusoidal", "learned"]
+    assert parameters["layer_norm_position"].annotation == Literal["post", "pre"]
+    config = VanillaTransformerConfig()
+    with pytest.raises(ValueError, match=r"layer_norm_position='side' is invalid: it must be one of 'post', 'pre'"):
+        config.layer_norm_position = "side"
 
 
 def test_head_dim_lifts_the_divisibility_rule():

@@ -115,8 +115,11 @@ def test_pipeline_with_remote_code_from_a_folder_and_from_a_hub_snapshot(trained
 TOKENIZER_LOADS = {
     # no code of ours: the folder's tokenizer is a plain `tokenizers` one
     "plain": ("from transformers import PreTrainedTokenizerFast", "PreTrainedTokenizerFast.from_pretrained(source)"),
-    "package": ("import hf_vanilla_transformer; from transformers import AutoTokenizer", "AutoTokenizer.from_pretrained(source)"),
-}  # fmt: skip
+    "package": (
+        "import hf_vanilla_transformer; from transformers import AutoTokenizer",
+        "AutoTokenizer.from_pretrained(source)",
+    ),
+}
 
 
 @pytest.mark.parametrize("how", TOKENIZER_LOADS)

@@ -9,8 +9,8 @@ from torch import nn
 
 from hf_vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
-    VanillaTransformerSinusoidalPositionalEncoding,
     VanillaTransformerLayer,
+    VanillaTransformerSinusoidalPositionalEncoding,
     shift_tokens_right,
 )
 
@@ -207,12 +207,12 @@ def copy_into_torch_transformer(model) -> nn.Transformer:
         theirs.linear1.load_state_dict(ours.fc1.state_dict())
         theirs.linear2.load_state_dict(ours.fc2.state_dict())
 
-    for theirs, ours in zip(reference.encoder.layers, model.model.encoder.layers):
+    for theirs, ours in zip(reference.encoder.layers, model.model.encoder.layers, strict=False):
         copy_attention(theirs.self_attn, ours.self_attn)
         copy_feed_forward(theirs, ours.feed_forward)
         copy_layer_norm(theirs.norm1, ours.self_attn_layer_norm)
         copy_layer_norm(theirs.norm2, ours.feed_forward_layer_norm)
-    for theirs, ours in zip(reference.decoder.layers, model.model.decoder.layers):
+    for theirs, ours in zip(reference.decoder.layers, model.model.decoder.layers, strict=False):
         copy_attention(theirs.self_attn, ours.self_attn)
         copy_attention(theirs.multihead_attn, ours.encoder_attn)
         copy_feed_forward(theirs, ours.feed_forward)

@@ -70,9 +70,9 @@ def test_seq2seq_trainer_learns_to_reverse(tmp_path, gradient_checkpointing):
     references = tokenizer.batch_decode(
         [[t for t in labels if t != -100] for labels in test["labels"]], skip_special_tokens=True
     )
-    exact = sum(p == r for p, r in zip(decoded, references))
+    exact = sum(p == r for p, r in zip(decoded, references, strict=False))
     print(f"losses {losses[0]:.2f} -> {losses[-1]:.2f}, exact {exact}/50")
-    assert exact >= 25, list(zip(decoded, references))[:5]
+    assert exact >= 25, list(zip(decoded, references, strict=False))[:5]
 
 
 def random_token_dataset(size: int, seed: int) -> Dataset:
@@ -190,7 +190,7 @@ def definition_gradient(dataset, label_smoothing: float) -> dict:
     """
     model = tiny_model().train()
     tokens = sum(len(labels) for labels in dataset["labels"])
-    for source, labels in zip(dataset["input_ids"], dataset["labels"]):
+    for source, labels in zip(dataset["input_ids"], dataset["labels"], strict=False):
         decoder_input_ids = torch.tensor([[BOS, *labels[:-1]]])
         log_probs = (
             model(input_ids=torch.tensor([source]), decoder_input_ids=decoder_input_ids).logits[0].log_softmax(-1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import LETTERS, letter_tokenizer, tiny_model
 from datasets import Dataset
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, get_scheduler
+from transformers import DataCollatorForSeq2Seq, get_scheduler
 
 from hf_vanilla_transformer.training import (
     TokenBudgetBatchSampler,
