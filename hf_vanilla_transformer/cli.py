@@ -45,7 +45,8 @@ def expand_recipe(argv: list[str]) -> list[str]:
 def parse_config_overrides(config_overrides: str | None) -> dict:
     """'d_model=256,dropout=0.2,position_embedding_type=learned' -> {"d_model": 256, "dropout": 0.2, ...}.
 
-    Values are read as YAML scalars (numbers, true/false, null, strings). transformers' own
+    Values are read as YAML scalars (numbers, true/false, null, strings; 1e-2 is a number too, which YAML 1.1
+    would read as a string). transformers' own
     `PretrainedConfig.update_from_string` cannot set attributes whose default is None (`head_dim`) and sets them
     after the config is built, past its validation; these overrides go to the constructor instead.
     """
@@ -56,8 +57,18 @@ def parse_config_overrides(config_overrides: str | None) -> dict:
             raise ParameterError(
                 f"config_overrides: {item!r} is not NAME=VALUE with a config attribute NAME", "config_overrides"
             )
-        overrides[name.strip()] = yaml.safe_load(value)
+        overrides[name.strip()] = scalar(value)
     return overrides
+
+
+def scalar(text: str):
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value)  # exponent forms that YAML 1.1 leaves as strings: 1e-2, 5E3
+        except ValueError:
+            return value
+    return value
 
 
 def command_line_error(error: Exception, flags: Mapping[str, str] | Collection[str]) -> str:

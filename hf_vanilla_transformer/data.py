@@ -114,13 +114,13 @@ def file_sentences(files: Iterable[str], source_lang: str, target_lang: str) -> 
 def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
     if not os.path.isfile(path):
         raise TranslationDataError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as file:
-        line_number = 0
-        try:
-            for line_number, line in enumerate(file, 1):
-                yield line_number, line
-        except UnicodeDecodeError as error:
-            raise TranslationDataError(f"{path}:{line_number + 1}: not UTF-8 text ({error.reason})") from None
+    # decoded line by line (not by the text layer's chunks), so that an error names the line it is on
+    with open(path, "rb") as file:
+        for line_number, raw in enumerate(file, 1):
+            try:
+                yield line_number, raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise TranslationDataError(f"{path}:{line_number}: not UTF-8 text ({error.reason})") from None
 
 
 def _shorten(value, limit: int = 60) -> str:

@@ -1,9 +1,22 @@
-"""generate(): the standard GenerationMixin strategies, the cache, and the paper's decoding defaults."""
+"""generate(): the standard GenerationMixin strategies, the cache, and the paper's decoding defaults, which hold
+under the Trainer's evaluation too."""
+
+import json
 
 import pytest
 import torch
-from conftest import BOS, EOS, PAD, tiny_model
-from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig
+from transformers import (
+    DataCollatorForSeq2Seq,
+    DynamicCache,
+    EncoderDecoderCache,
+    GenerationConfig,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
+
+from helpers import BOS, EOS, PAD, letter_tokenizer, random_token_dataset, tiny_model
+from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.training import TranslationTrainer
 
 SOURCES = torch.tensor([[5, 6, 7, 8, 9, 10, EOS], [11, 12, 13, EOS, PAD, PAD, PAD]])
 MASK = (SOURCES != PAD).long()
@@ -225,3 +238,63 @@ def test_beam_search_leaves_the_cross_attention_cache_unreordered_with_the_same_
     assert len(reordered_caches) == 20
     assert ours.sequences.tolist() == everything.sequences.tolist()
     assert torch.equal(ours.sequences_scores, everything.sequences_scores)
+
+
+def output_lengths(predictions) -> list[int]:
+    """Generated tokens per row, `</s>` included (the start token and the padding after </s> left out)."""
+    lengths = []
+    for row in predictions.tolist():
+        tokens = [t for t in row[1:] if t not in (-100, PAD)]
+        lengths.append(tokens.index(EOS) + 1 if EOS in tokens else len(tokens))
+    return lengths
+
+
+@pytest.mark.parametrize("trainer_class", [Seq2SeqTrainer, TranslationTrainer])
+def test_evaluation_keeps_the_length_limit_of_every_batch_and_of_the_saved_model(tmp_path, trainer_class):
+    """Seq2SeqTrainer fills the model's unset generation settings with transformers' defaults after its first
+    evaluation batch (max_length=20 among them); every later batch, and every later call, must still decode each
+    sentence to its source length + 50 tokens. An untrained model never chooses </s>, so each output reaches it.
+    """
+    model = tiny_model()
+    dataset = random_token_dataset(12, seed=3)
+    limits = [len(ids) + 50 for ids in dataset["input_ids"]]
+    seen_in_training = []
+
+    def record_lengths(prediction):
+        seen_in_training.append(output_lengths(prediction.predictions))
+        return {}
+
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,  # 3 evaluation batches
+        max_steps=4,
+        learning_rate=0.0,  # the weights stay untrained, so that no output ends before its limit
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="no",
+        predict_with_generate=True,
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = trainer_class(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=dataset,
+        data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model),
+        compute_metrics=record_lengths,
+    )
+    trainer.train()  # evaluates at steps 2 and 4
+    assert seen_in_training == [limits, limits]
+    for _ in range(2):
+        assert output_lengths(trainer.predict(dataset).predictions) == limits
+        trainer.evaluate()
+        assert seen_in_training[-1] == limits
+
+    trainer.save_model(str(tmp_path / "model"))
+    saved = json.loads((tmp_path / "model" / "generation_config.json").read_text())
+    assert saved["max_length"] == model.config.max_position_embeddings and saved["max_new_tokens_over_source"] == 50
+    reloaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path / "model")
+    sources = DataCollatorForSeq2Seq(letter_tokenizer())([{"input_ids": ids} for ids in dataset["input_ids"]])
+    assert output_lengths(reloaded.generate(**sources)) == limits

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, TEST, TRAIN, write_lines
 from datasets import Dataset
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import run_translation
+from helpers import REPO_ROOT, TEST, TRAIN, write_lines
 from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
 

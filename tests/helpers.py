@@ -1,0 +1,170 @@
+"""What the test files share: tiny models and tokenizers, the Multi30k paths and the run that trains on them, the Hub
+boundary, and small functions more than one file uses. Fixtures are in conftest.py; tests import these directly
+(`from helpers import ...`: setup.cfg puts tests/ on pytest's pythonpath)."""
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+PAD, BOS, EOS = 1, 0, 2
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def tiny_config(**overrides) -> VanillaTransformerConfig:
+    """A model small enough to run hundreds of times a second on a CPU, with every dimension distinct."""
+    values = dict(
+        vocab_size=99,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=48,
+        decoder_ffn_dim=40,
+        max_position_embeddings=128,
+        dropout=0.0,
+    )
+    values.update(overrides)
+    return VanillaTransformerConfig(**values)
+
+
+def tiny_model(seed: int = 0, attn_implementation: str = "eager", **overrides):
+    torch.manual_seed(seed)
+    model = VanillaTransformerForConditionalGeneration(tiny_config(**overrides))
+    model.set_attn_implementation(attn_implementation)
+    return model.eval()
+
+
+LETTERS = list("abcdefghij")
+
+
+def letter_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ten letters with the model's special-token layout; encoding appends </s>."""
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, **{letter: 4 + i for i, letter in enumerate(LETTERS)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def round_trip(tokenizer, text: str) -> str:
+    return tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True)
+
+
+def random_token_dataset(size: int, seed: int) -> Dataset:
+    """Sources and targets of random ids between 4 and 98 (the tiny model's vocabulary), of varied lengths."""
+    rng = random.Random(seed)
+
+    def sentence(longest: int) -> list[int]:
+        return [rng.randint(4, 98) for _ in range(rng.randint(1, longest))] + [EOS]
+
+    rows = [(sentence(20), sentence(12)) for _ in range(size)]
+    return Dataset.from_dict({"input_ids": [s for s, _ in rows], "labels": [t for _, t in rows]})
+
+
+TRAIN, VALIDATION, TEST = (str(MULTI30K / f"{split}.jsonl") for split in ("train", "validation", "test"))
+
+TINY_RUN = [
+    "--train_file", TRAIN, "--validation_file", VALIDATION, "--test_file", TEST,
+    "--max_train_samples", "3000", "--max_eval_samples", "40", "--max_predict_samples", "50",
+    "--preset", "small", "--vocab_size", "1000",
+    "--config_overrides", "d_model=64,encoder_ffn_dim=128,decoder_ffn_dim=128,encoder_layers=2,decoder_layers=2",
+    "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--num_beams", "2",
+    "--max_steps", "150", "--max_tokens_per_batch", "1500", "--warmup_steps", "40", "--learning_rate_scale", "0.3",
+    "--save_steps", "50", "--average_last_checkpoints", "3",
+    "--logging_steps", "25", "--per_device_eval_batch_size", "32", "--report_to", "none", "--use_cpu", "true",
+    "--disable_tqdm", "true", "--seed", "0",
+]  # fmt: skip
+
+
+@dataclass
+class TrainedRun:
+    output: Path
+    results: dict
+    commits: list = field(default_factory=list)  # (repo_id, {path_in_repo: bytes}) of every intercepted upload
+
+
+SENTENCES = ["A man is sleeping.", "Two dogs play in the snow.", "A little girl climbs into a wooden playhouse."]
+
+
+def generate_text(model, tokenizer, sentences, **kwargs) -> list[str]:
+    batch = tokenizer(sentences, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        return tokenizer.batch_decode(model.generate(**batch, **kwargs), skip_special_tokens=True)
+
+
+@contextmanager
+def intercepted_hub(commits: list):
+    """huggingface_hub with the network calls of an upload replaced: the commit is recorded, not sent.
+
+    The Hub checks a README's metadata server-side (`/api/validate-yaml`); here it is parsed by huggingface_hub's
+    own `ModelCard`, which raises on YAML or `model-index` it cannot read.
+    """
+    from huggingface_hub import CommitInfo, HfApi, ModelCard, RepoUrl
+
+    def create_repo(self, repo_id, *args, **kwargs):
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(self, repo_id, operations, *args, **kwargs):
+        files = {}
+        for operation in operations:
+            source = operation.path_or_fileobj
+            files[operation.path_in_repo] = Path(source).read_bytes() if isinstance(source, (str, Path)) else source
+        commits.append((repo_id, files))
+        return CommitInfo(
+            commit_url=f"https://huggingface.co/{repo_id}/commit/{'0' * 40}",
+            commit_message=kwargs.get("commit_message", ""),
+            commit_description="",
+            oid="0" * 40,
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(HfApi, "create_repo", create_repo)
+        patch.setattr(HfApi, "create_commit", create_commit)
+        patch.setattr(HfApi, "_validate_yaml", lambda self, content, **kwargs: ModelCard(content))
+        yield
+
+
+def hub_snapshot(cache, repo_id: str, files: dict[str, bytes]) -> None:
+    """Lay `files` out as huggingface_hub's cache holds a downloaded repository (refs/main -> snapshots/<sha>)."""
+    repo = cache / "hub" / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("1" * 40)
+    for name, content in files.items():
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).write_bytes(content)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("1" * 40)
+
+
+def run_python(code: str, hf_home, package_importable: bool = False) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh Python, offline, with standard input closed (so a prompt cannot wait for an answer)
+    and, unless `package_importable`, where `import hf_vanilla_transformer` fails."""
+    block = "" if package_importable else 'import sys\nsys.modules["hf_vanilla_transformer"] = None\n'
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", block + textwrap.dedent(code)],
+        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)

@@ -1,0 +1,120 @@
+"""hf_vanilla_transformer.cli and errors: recipe files, --config_overrides, and library errors told as flags."""
+
+import pytest
+
+from hf_vanilla_transformer.cli import command_line_error, expand_recipe, parse_config_overrides, recipe_flags
+from hf_vanilla_transformer.errors import ParameterError
+from hf_vanilla_transformer.files import check_output_dir
+
+RECIPE_FLAGS = [
+    "--do_train", "true", "--fp16", "false", "--learning_rate_scale", "0.5", "--warmup_steps", "4000",
+    "--train_file", "a.jsonl", "b.txt", "--output_dir", "runs/x",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        (
+            "recipe.yaml",
+            "do_train: true\nfp16: False\nlearning_rate_scale: 0.5\nwarmup_steps: 4000\n"
+            "train_file: [a.jsonl, b.txt]\noutput_dir: runs/x\n",
+        ),
+        (
+            "recipe.json",
+            '{"do_train": true, "fp16": false, "learning_rate_scale": 0.5, "warmup_steps": 4000, '
+            '"train_file": ["a.jsonl", "b.txt"], "output_dir": "runs/x"}',
+        ),
+    ],
+)
+def test_recipe_flags_lowercase_booleans_and_expand_lists(tmp_path, name, text):
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    assert recipe_flags(str(tmp_path / name)) == RECIPE_FLAGS
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("missing.yaml", None, r"missing.yaml: cannot read the recipe \(No such file or directory\)$"),
+        ("broken.yaml", "train_file: [a.jsonl\n", r"broken.yaml: not a valid recipe \(while parsing a flow sequence"),
+        ("broken.json", '{"do_train": true', r"broken.json: not a valid recipe \(Expecting ',' delimiter"),
+        ("list.yaml", "- do_train\n- true\n", r"list.yaml: a recipe is a mapping of flag names to values$"),
+        ("empty.yml", "", r"empty.yml: a recipe is a mapping of flag names to values$"),
+    ],
+)
+def test_recipe_errors_name_the_file(tmp_path, name, text, message):
+    if text is not None:
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        recipe_flags(str(tmp_path / name))
+
+
+def test_expand_recipe_puts_the_recipes_flags_before_the_others(tmp_path):
+    (tmp_path / "recipe.yml").write_text("max_steps: 100\ndo_eval: true\n", encoding="utf-8")
+    recipe = str(tmp_path / "recipe.yml")
+    from_recipe = ["--max_steps", "100", "--do_eval", "true"]
+    assert expand_recipe([recipe, "--max_steps", "5"]) == [*from_recipe, "--max_steps", "5"]
+    assert expand_recipe([recipe]) == from_recipe
+    # only a first argument is a recipe; anything else is left as it is
+    assert expand_recipe(["--train_file", "train.json"]) == ["--train_file", "train.json"]
+    assert expand_recipe(["--max_steps", "5", recipe]) == ["--max_steps", "5", recipe]
+    assert expand_recipe([]) == []
+
+
+def test_parse_config_overrides_reads_yaml_scalars():
+    overrides = parse_config_overrides(
+        "d_model=256, dropout=0.2,position_embedding_type=learned,scale_embedding=false,head_dim=null,init_std=1e-2"
+    )
+    assert overrides == {
+        "d_model": 256, "dropout": 0.2, "position_embedding_type": "learned", "scale_embedding": False,
+        "head_dim": None, "init_std": 0.01,
+    }  # fmt: skip
+    assert [type(overrides[name]) for name in ("d_model", "dropout", "scale_embedding")] == [int, float, bool]
+    assert parse_config_overrides(None) == parse_config_overrides("") == parse_config_overrides(",") == {}
+
+
+@pytest.mark.parametrize("item", ["colour=3", "d_model", "=3"])
+def test_a_bad_config_override_is_a_parameter_error_naming_config_overrides(item):
+    with pytest.raises(ParameterError) as error:
+        parse_config_overrides(f"d_model=256,{item}")
+    assert str(error.value) == f"config_overrides: {item!r} is not NAME=VALUE with a config attribute NAME"
+    assert error.value.parameters == ("config_overrides",) and isinstance(error.value, ValueError)
+
+
+def test_parameter_error_is_a_value_error_that_keeps_its_parameters():
+    error = ParameterError("vocab_size 100 is below 260", "vocab_size")
+    assert isinstance(error, ValueError) and str(error) == "vocab_size 100 is below 260"
+    assert error.parameters == ("vocab_size",) and ParameterError("no parameter").parameters == ()
+
+
+def test_command_line_error_writes_the_named_parameters_as_flags(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.safetensors").write_text("earlier")
+    with pytest.raises(ParameterError) as error:
+        check_output_dir(str(tmp_path / "out"), overwrite_output_dir=False)
+    assert command_line_error(error.value, ["output_dir", "overwrite_output_dir", "vocab_size"]) == (
+        f"--output_dir {tmp_path / 'out'} exists and is not empty; add --overwrite_output_dir to replace it"
+    )
+    # a parameter the command line has no flag for stays as it is
+    assert command_line_error(error.value, {"output_dir"}).endswith("; add overwrite_output_dir to replace it")
+
+
+def test_command_line_error_renames_with_a_mapping_and_leaves_other_words():
+    error = ParameterError("path in.txt: no such file; model_path and path_suffix are not path", "path")
+    assert command_line_error(error, {"path": "input", "model_path": "model"}) == (
+        "--input in.txt: no such file; model_path and path_suffix are not --input"
+    )
+    not_named = ParameterError("vocab_size 100 is below 260 (output_dir unchanged)", "vocab_size")
+    assert command_line_error(not_named, ["vocab_size", "output_dir"]) == (
+        "--vocab_size 100 is below 260 (output_dir unchanged)"
+    )
+    already_a_flag = ParameterError("--max_steps and max_steps_per_epoch: max_steps must be positive", "max_steps")
+    assert command_line_error(already_a_flag, ["max_steps"]) == (
+        "--max_steps and max_steps_per_epoch: --max_steps must be positive"
+    )
+
+
+def test_command_line_error_leaves_a_plain_value_error_unchanged():
+    error = ValueError("output_dir x: vocab_size is too small")
+    assert command_line_error(error, ["output_dir", "vocab_size"]) == "output_dir x: vocab_size is too small"
+    assert command_line_error(OSError("disk full"), {"path": "input"}) == "disk full"

@@ -1,0 +1,136 @@
+"""hf_vanilla_transformer.data: reading translation JSON lines, plain text and `datasets` folders, with errors that
+name the file and line (or the dataset row) of the first bad input."""
+
+import json
+import re
+
+import datasets
+import pytest
+
+from helpers import write_lines
+from hf_vanilla_transformer.data import (
+    TranslationDataError,
+    file_sentences,
+    load_translation_split,
+    read_dataset,
+    read_text_file,
+    read_translation_file,
+)
+from hf_vanilla_transformer.errors import ParameterError
+
+
+def row(en, de) -> str:
+    return json.dumps({"translation": {"en": en, "de": de}}, ensure_ascii=False)
+
+
+PAIRS = [("A cat.", "Eine Katze."), ("Two dogs play.", "Zwei Hunde spielen."), ("A man.", "Ein Mann.")]
+
+
+def test_read_translation_file_yields_the_pairs_and_skips_blank_lines(tmp_path):
+    path = write_lines(tmp_path / "pairs.jsonl", [row(*PAIRS[0]), "", row(*PAIRS[1]), "   ", row(*PAIRS[2]), ""])
+    assert list(read_translation_file(path, "en", "de")) == PAIRS
+    assert list(read_translation_file(path, "de", "en")) == [(de, en) for en, de in PAIRS]
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        ([row(*PAIRS[0]), '{"translation": '], r":2: not valid JSON \(Expecting value at column 1\)"),
+        (
+            [row(*PAIRS[0]), "", '{"translation": {"en": "A dog."}}'],
+            r":3: the translation has no 'de' sentence \(it has 'en'\)",
+        ),
+        (['{"translation": {}}'], r":1: the translation has no 'en' sentence \(it has none\)"),
+        (['{"translation": {"en": " ", "de": "Hund."}}'], r":1: the 'en' sentence is empty"),
+        (['{"translation": {"en": "A dog.", "de": ["Hund."]}}'], r":1: the 'de' sentence is not a string: \['Hund.'\]"),
+        (['{"en": "A dog.", "de": "Hund."}'], r""":1: expected an object with a "translation" object, got \{'en': """),
+        (['["A dog.", "Hund."]'], r""":1: expected an object with a "translation" object, got \['A dog.', 'Hund.'\]"""),
+        (["", "  "], r": no sentence pairs \(the file is empty\)"),
+    ],
+)
+def test_read_translation_file_names_the_file_and_line_of_a_bad_row(tmp_path, lines, message):
+    path = write_lines(tmp_path / "bad.jsonl", lines)
+    with pytest.raises(TranslationDataError, match=re.escape(path) + message):
+        list(read_translation_file(path, "en", "de"))
+
+
+def test_a_file_that_is_not_utf8_or_not_there(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(row("A little man.", "Ein Männchen.").encode("latin-1") + b"\n")
+    with pytest.raises(TranslationDataError) as error:
+        list(read_translation_file(str(path), "en", "de"))
+    assert str(error.value) == f"{path}:1: not UTF-8 text (invalid continuation byte)"
+    later = tmp_path / "later.jsonl"  # the line is counted exactly, also past the reader's first chunk
+    good = row("A cat.", "Eine Katze.").encode() + b"\n"
+    later.write_bytes(good * 3000 + row("A little man.", "Ein Männchen.").encode("latin-1") + b"\n")
+    with pytest.raises(TranslationDataError) as error:
+        list(read_translation_file(str(later), "en", "de"))
+    assert str(error.value) == f"{later}:3001: not UTF-8 text (invalid continuation byte)"
+    with pytest.raises(TranslationDataError, match=r"missing.jsonl: no such file$"):
+        list(read_translation_file(str(tmp_path / "missing.jsonl"), "en", "de"))
+
+
+def test_read_text_file_yields_the_non_blank_lines(tmp_path):
+    path = tmp_path / "sentences.txt"
+    path.write_text("A cat.\r\n\n  \nTwo dogs play.\n  spaces kept  \nno newline at the end", encoding="utf-8")
+    assert list(read_text_file(str(path))) == ["A cat.", "Two dogs play.", "  spaces kept  ", "no newline at the end"]
+    with pytest.raises(TranslationDataError, match=r"empty.txt: no sentences \(the file is empty\)"):
+        list(read_text_file(write_lines(tmp_path / "empty.txt", ["", " "])))
+    with pytest.raises(TranslationDataError, match=r"missing.txt: no such file"):
+        list(read_text_file(str(tmp_path / "missing.txt")))
+
+
+def test_file_sentences_reads_translation_files_as_source_target_and_text_files_as_lines(tmp_path):
+    jsonl = write_lines(tmp_path / "pairs.jsonl", [row(*PAIRS[0]), row(*PAIRS[1])])
+    json_file = write_lines(tmp_path / "pairs.json", [row(*PAIRS[2])])
+    text = write_lines(tmp_path / "more.en", ["A bird.", "", "A horse."])
+    assert list(file_sentences([jsonl, text, json_file], "en", "de")) == [
+        "A cat.", "Eine Katze.", "Two dogs play.", "Zwei Hunde spielen.", "A bird.", "A horse.", "A man.", "Ein Mann.",
+    ]  # fmt: skip
+    assert list(file_sentences([json_file], "de", "en")) == ["Ein Mann.", "A man."]
+
+
+def test_load_translation_split_from_a_file_with_max_samples(tmp_path):
+    path = write_lines(tmp_path / "pairs.jsonl", [row(*pair) for pair in PAIRS])
+    split = load_translation_split(path, None, None, "train", "en", "de", max_samples=2)
+    assert isinstance(split, datasets.Dataset)
+    assert split.column_names == ["source", "target"] and len(split) == 2
+    assert split["source"] == ["A cat.", "Two dogs play."] and split["target"] == ["Eine Katze.", "Zwei Hunde spielen."]
+    everything = load_translation_split(path, None, None, "train", "de", "en")
+    assert list(zip(everything["target"], everything["source"], strict=True)) == PAIRS
+
+
+def dataset_folder(folder, splits: dict[str, list[str]]) -> str:
+    """A local `datasets` folder: one translation JSON lines file a split, which `load_dataset(folder)` reads."""
+    folder.mkdir()
+    for split, lines in splits.items():
+        write_lines(folder / f"{split}.jsonl", lines)
+    return str(folder)
+
+
+def test_read_dataset_from_a_local_folder(tmp_path):
+    folder = dataset_folder(
+        tmp_path / "dataset",
+        {"train": [row(*PAIRS[0]), row(*PAIRS[1])], "validation": [row(*PAIRS[2]), row("A horse.", "")]},
+    )
+    assert list(read_dataset(folder, None, "train", "en", "de")) == PAIRS[:2]
+    pairs = read_dataset(folder, None, "validation", "en", "de")
+    assert next(pairs) == PAIRS[2]
+    with pytest.raises(TranslationDataError) as error:
+        next(pairs)
+    assert str(error.value) == f"{folder}[validation] row 1: the 'de' sentence is empty"
+
+    split = load_translation_split(None, folder, None, "train", "en", "de", max_samples=1)
+    assert split.to_dict() == {"source": ["A cat."], "target": ["Eine Katze."]}
+
+
+def test_a_dataset_that_cannot_be_loaded_names_dataset_name(tmp_path):
+    missing = str(tmp_path / "no_dataset")
+    with pytest.raises(TranslationDataError) as error:
+        list(read_dataset(missing, None, "train", "en", "de"))
+    assert isinstance(error.value, ParameterError) and error.value.parameters == ("dataset_name",)
+    assert str(error.value).startswith(f"dataset_name {missing}: cannot load it (")
+    folder = dataset_folder(tmp_path / "dataset", {"train": [row(*PAIRS[0])]})
+    with pytest.raises(TranslationDataError, match=rf"^dataset_name {re.escape(folder)}: cannot load it \(") as error:
+        list(read_dataset(folder, None, "test", "en", "de"))
+    assert error.value.parameters == ("dataset_name",)

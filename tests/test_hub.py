@@ -1,0 +1,118 @@
+"""Sharing a model folder on the Hub (tested at its boundary): the upload, the model card, and loading the shared
+tokenizer and the card's code from a folder or a Hub snapshot."""
+
+import json
+
+import pytest
+from huggingface_hub import ModelCard
+
+from helpers import SENTENCES, generate_text, hub_snapshot, intercepted_hub, run_python
+
+TOKENIZER_LOADS = {
+    # no code of ours: the folder's tokenizer is a plain `tokenizers` one
+    "plain": ("from transformers import PreTrainedTokenizerFast", "PreTrainedTokenizerFast.from_pretrained(source)"),
+    "package": (
+        "import hf_vanilla_transformer; from transformers import AutoTokenizer",
+        "AutoTokenizer.from_pretrained(source)",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", TOKENIZER_LOADS)
+def test_the_tokenizer_loads_with_no_prompt_and_no_warning(trained_run, model_and_tokenizer, tmp_path, how):
+    """As the README and the model card say to load it, from a folder and from the Hub."""
+    expected = model_and_tokenizer[1](SENTENCES)["input_ids"]
+    repo_id, files = trained_run.commits[-1]
+    hub_snapshot(tmp_path / "home", repo_id, files)
+    imports, load = TOKENIZER_LOADS[how]
+    result = run_python(
+        f"""
+        import json
+        {imports}
+        for source in ({str(trained_run.output)!r}, {repo_id!r}):
+            tokenizer = {load}
+            print(json.dumps(tokenizer({SENTENCES!r})["input_ids"]))
+        """,
+        tmp_path / "home",
+        package_importable=how == "package",
+    )
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [expected, expected]
+    assert result.stderr == ""
+
+
+def test_auto_tokenizer_alone_asks_to_run_the_model_code_where_the_package_is_missing(trained_run, tmp_path):
+    """Why the README and the card load the tokenizer as above: transformers' AutoTokenizer first reads the
+    folder's config.json through AutoConfig, which for a model type it does not know asks to run the folder's
+    configuration code (and, refused, warns that it reads the config as a generic one). If this test fails,
+    transformers changed that, and plain `AutoTokenizer.from_pretrained(folder)` can be documented."""
+    result = run_python(
+        f"""
+        from transformers import AutoTokenizer
+        AutoTokenizer.from_pretrained({str(trained_run.output)!r})
+        """,
+        tmp_path / "home",
+    )
+    assert "Do you wish to run the custom code? [y/N]" in result.stdout
+    assert "You are using a model of type `vanilla_transformer`" in result.stderr
+
+
+def test_run_translation_pushes_one_complete_folder(trained_run):
+    assert len(trained_run.commits) == 1
+    repo_id, files = trained_run.commits[0]
+    assert repo_id == "someone/tiny-en-de"
+    assert set(files) == {
+        "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+        "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "pipeline_translation.py",
+        "README.md", "all_results.json", "train_results.json", "eval_results.json", "predict_results.json",
+        "generated_predictions.txt", "trainer_state.json",
+    }  # fmt: skip
+    config = json.loads(files["config.json"])
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"].endswith("VanillaTransformerForConditionalGeneration")
+    assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_translation.TranslationPipeline"
+    card = ModelCard(files["README.md"].decode())
+    assert card.data.model_name == "someone/tiny-en-de" and "translation" in card.data.tags
+    assert {(r.dataset_split, r.metric_type) for r in card.data.eval_results} == {
+        ("validation", "bleu"), ("validation", "chrf"), ("test", "bleu"), ("test", "chrf"),
+    }  # fmt: skip
+
+
+def test_model_and_tokenizer_push_to_hub(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    commits = []
+    with intercepted_hub(commits):
+        model.push_to_hub("someone/pushed", token="hf_test")
+        tokenizer.push_to_hub("someone/pushed", token="hf_test")
+    (model_repo, model_files), (tokenizer_repo, tokenizer_files) = commits
+    assert model_repo == tokenizer_repo == "someone/pushed"
+    assert set(model_files) == {
+        "model.safetensors", "config.json", "generation_config.json", "configuration_vanilla_transformer.py",
+        "modeling_vanilla_transformer.py", "pipeline_translation.py", "README.md",
+    }  # fmt: skip
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(tokenizer_files)
+    tags = ModelCard(model_files["README.md"].decode()).data.tags
+    assert {"translation", "vanilla-transformer"} <= set(tags)
+
+
+def test_model_card_sections_and_metadata(trained_run):
+    card = ModelCard.load(trained_run.output / "README.md")
+    for heading in ("## Model", "## Intended uses and limits", "## Training", "## Evaluation", "## How to use"):
+        assert heading in card.text
+    assert "Attention Is All You Need" in card.text and "@inproceedings{vaswani2017attention" in card.text
+    assert "nrefs:1|case:mixed|eff:no|tok:13a" in card.text  # the sacreBLEU signature
+    repo_id = "someone/tiny-en-de"
+    assert f'AutoModelForSeq2SeqLM.from_pretrained("{repo_id}", trust_remote_code=True)' in card.text
+    assert f'PreTrainedTokenizerFast.from_pretrained("{repo_id}")' in card.text
+    data = card.data.to_dict()
+    assert data["language"] == ["en", "de"] and data["license"] == "apache-2.0"
+    assert data["metrics"] == ["bleu", "chrf"] and data["pipeline_tag"] == "translation"
+    assert data["model-index"][0]["results"][0]["task"]["type"] == "translation"
+
+
+def test_the_cards_code_translates_where_the_package_is_missing(trained_run, model_and_tokenizer, tmp_path):
+    card = ModelCard.load(trained_run.output / "README.md").text
+    code = card.split("## How to use", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    example = code.split('tokenizer(["', 1)[1].split('"]', 1)[0]  # the first test sentence
+    repo_id, files = trained_run.commits[-1]
+    hub_snapshot(tmp_path / "home", repo_id, files)
+    printed = run_python(code, tmp_path / "home").stdout.strip().splitlines()[-1]
+    assert printed == str(generate_text(*model_and_tokenizer, [example]))
