@@ -7,6 +7,8 @@ import pytest
 from huggingface_hub import ModelCard
 
 from helpers import SENTENCES, generate_text, hub_snapshot, intercepted_hub, run_python
+from hf_vanilla_transformer.hub import training_table
+from hf_vanilla_transformer.training import TranslationTrainingArguments, paper_learning_rate
 
 TOKENIZER_LOADS = {
     # no code of ours: the folder's tokenizer is a plain `tokenizers` one
@@ -116,3 +118,18 @@ def test_the_cards_code_translates_where_the_package_is_missing(trained_run, mod
     hub_snapshot(tmp_path / "home", repo_id, files)
     printed = run_python(code, tmp_path / "home").stdout.strip().splitlines()[-1]
     assert printed == str(generate_text(*model_and_tokenizer, [example]))
+
+
+def test_the_training_table_names_equation_3_only_when_the_rate_came_from_it(tmp_path):
+    def learning_rate_line(**settings):
+        args = TranslationTrainingArguments(output_dir=str(tmp_path), warmup_steps=500, **settings)
+        args.learning_rate = args.learning_rate or paper_learning_rate(256, 500, args.learning_rate_scale)
+        table = training_table(args, 256, steps=10, training_pairs=29000, training_seconds=90.0, data="Multi30k")
+        assert (table["steps"], table["training pairs"], table["training time"]) == (10, 29000, "1.5 minutes")
+        return table["learning rate"]
+
+    assert (
+        learning_rate_line(learning_rate_scale=0.36)
+        == "inverse_sqrt, peak 0.00101 (Equation 3 × 0.36), 500 warmup steps"
+    )
+    assert learning_rate_line(learning_rate=3e-4) == "inverse_sqrt, peak 0.0003, 500 warmup steps"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from datasets import Dataset
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
@@ -18,6 +19,7 @@ import run_translation
 from helpers import REPO_ROOT, TEST, TRAIN, write_lines
 from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
+from hf_vanilla_transformer.training import TranslationTrainingArguments
 
 OUTPUT_FILES = {
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -244,3 +246,13 @@ def test_resume_from_checkpoint(tmp_path):
     state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
     assert state["global_step"] == 8
     assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [2, 4, 6, 8]
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO_ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.name)
+def test_recipes_list_only_what_differs_from_the_papers_defaults(recipe, tmp_path):
+    defaults = TranslationTrainingArguments(output_dir=str(tmp_path))
+    settings = yaml.safe_load(recipe.read_text())
+    repeated = {name: value for name, value in settings.items() if getattr(defaults, name, object()) == value}
+    assert not repeated, f"{recipe.name} repeats defaults: {repeated}"
+    _, _, args = run_translation.parse_arguments([str(recipe), "--bf16", "false"])  # the WMT recipe's bf16 needs a GPU
+    assert (args.adam_beta2, args.adam_epsilon, args.label_smoothing_factor) == (0.98, 1e-9, 0.1)

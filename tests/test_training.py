@@ -2,12 +2,14 @@
 the model training with transformers' Seq2SeqTrainer and DataCollatorForSeq2Seq, unchanged."""
 
 import random
+import re
 
 import pytest
 import torch
 from datasets import Dataset
 from transformers import (
     DataCollatorForSeq2Seq,
+    ProgressCallback,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
@@ -16,6 +18,7 @@ from transformers import (
 
 from helpers import BOS, LETTERS, letter_tokenizer, random_token_dataset, tiny_config, tiny_model
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.training import (
     TokenBudgetBatchSampler,
     TranslationTrainer,
@@ -154,6 +157,64 @@ def test_trainer_batches_by_token_budget_with_gradient_accumulation(tmp_path):
     assert len({len(batch["input_ids"]) for batch in batches}) > 3  # the number of sentences varies, tokens do not
     trainer.train()
     assert trainer.state.global_step == 3
+
+
+def test_the_training_arguments_default_to_the_papers_recipe(tmp_path):
+    args = TranslationTrainingArguments(output_dir=str(tmp_path))
+    assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.98, 1e-9)  # Section 5.3
+    assert (args.lr_scheduler_type, args.warmup_steps, args.learning_rate_scale) == ("inverse_sqrt", 4000, 1.0)
+    assert args.learning_rate is None  # Equation 3's peak, once the model's d_model is known
+    assert args.label_smoothing_factor == 0.1  # Section 5.4
+    assert (args.weight_decay, args.max_grad_norm) == (0.0, 0.0)  # neither is in the paper
+    # the class attributes are the one home that recipes, benchmarks and tests read
+    assert TranslationTrainingArguments.adam_beta2 == args.adam_beta2
+
+
+def test_the_trainer_takes_equation_3s_peak_unless_a_learning_rate_is_given(tmp_path):
+    def trainer(**settings):
+        args = TranslationTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, **settings)
+        return TranslationTrainer(model=tiny_model(), args=args)
+
+    assert trainer().args.learning_rate == pytest.approx(32**-0.5 * 4000**-0.5)  # the tiny model's d_model is 32
+    scaled = trainer(warmup_steps=100, learning_rate_scale=2.0).args.learning_rate
+    assert scaled == pytest.approx(2.0 * 32**-0.5 * 100**-0.5)
+    assert trainer(learning_rate=1e-3, learning_rate_scale=2.0).args.learning_rate == 1e-3
+    with pytest.raises(ParameterError, match=r"warmup_steps 0.1 must be a whole number of steps") as error:
+        trainer(warmup_steps=0.1)
+    assert error.value.parameters == ("warmup_steps",)
+
+
+def test_a_time_limit_stops_training_with_a_checkpoint_and_a_progress_bar_of_the_budget(tmp_path, capfd):
+    dataset = random_token_dataset(200, seed=1)
+    model = tiny_model()
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=100_000,
+        max_train_minutes=0.03,  # 1.8 seconds
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=100_000,
+        report_to=[],
+        use_cpu=True,
+    )
+    trainer = TranslationTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model),
+    )
+    assert [type(c).__name__ for c in trainer.callback_handler.callbacks if isinstance(c, ProgressCallback)] == [
+        "TimeBudgetProgressCallback"
+    ]
+    seconds = trainer.train().metrics["train_runtime"]
+    steps = trainer.state.global_step
+    assert 1.8 <= seconds < 60 and 0 < steps < 100_000
+    assert (tmp_path / f"checkpoint-{steps}" / "model.safetensors").is_file()  # saved where it stopped
+    bar = capfd.readouterr().err.replace("\r", "\n").splitlines()
+    last = [line for line in bar if line.startswith("Training:")][-1]
+    assert re.fullmatch(rf"Training: 100%\|█+\| 00:0\d of 00:01, step={steps}, loss=\d+(\.\d+)?", last.strip()), last
+    assert not any("/100000" in line for line in bar)  # nothing counts towards max_steps
 
 
 def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:
