@@ -243,9 +243,10 @@ def test_seq2seq_trainer_learns_to_reverse(tmp_path, gradient_checkpointing):
         max_steps=120,
         learning_rate=3e-3,
         warmup_steps=20,
-        lr_scheduler_type="inverse_sqrt",
-        adam_beta2=0.98,
-        label_smoothing_factor=0.1,
+        # the paper's schedule, beta2 and label smoothing, read from their one home
+        lr_scheduler_type=TranslationTrainingArguments.lr_scheduler_type,
+        adam_beta2=TranslationTrainingArguments.adam_beta2,
+        label_smoothing_factor=TranslationTrainingArguments.label_smoothing_factor,
         activation_checkpointing=gradient_checkpointing,
         logging_steps=10,
         save_strategy="no",
