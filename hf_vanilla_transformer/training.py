@@ -3,7 +3,6 @@ batches, the learning-rate schedule, checkpoint averaging, a time budget, and a 
 
 - Settings (Sections 5.3, 5.4): `TranslationTrainingArguments` is `Seq2SeqTrainingArguments` with the paper's
   values as defaults, written once here; recipes, benchmarks and tests read them from it.
-
 - Batching (Section 5.1): "Sentence pairs were batched together by approximate sequence length. Each training
   batch contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target tokens."
   transformers' samplers fix the number of *sentences* per batch (`group_by_length`, `batch_rebalance`), so we
@@ -13,6 +12,8 @@ batches, the learning-rate schedule, checkpoint averaging, a time budget, and a 
   lr = d_model^-0.5 * warmup^-0.5 (`paper_learning_rate`), so we use it as it is.
 - Checkpoint averaging (Section 6.1): "we used a single model obtained by averaging the last 5 checkpoints".
 - Label smoothing (Section 5.4) is the Trainer's own `label_smoothing_factor`.
+- A time budget (ours, not the paper's): `max_train_minutes` ends training with a checkpoint, so that a recipe
+  fits a machine's time; the progress bar then measures that budget.
 """
 
 import logging
