@@ -32,8 +32,20 @@ from hf_vanilla_transformer.cli import command_line_error, expand_recipe, parse_
 from hf_vanilla_transformer.data import load_translation_split
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
 from hf_vanilla_transformer.hub import push_model_folder, render_model_card, training_table
-from hf_vanilla_transformer.metrics import bleu_and_chrf_against, load_translation_metric, score_generated
-from hf_vanilla_transformer.tokenizer_training import check_tokenizer_fits_model, train_shared_bpe
+from hf_vanilla_transformer.metrics import (
+    bleu_and_chrf_against,
+    bleu_tokenization,
+    load_translation_metric,
+    sacrebleu_bleu,
+    score_generated,
+)
+from hf_vanilla_transformer.tokenizer_training import (
+    DEFAULT_NORMALIZATION,
+    DEFAULT_VOCAB_SIZE,
+    Normalization,
+    check_tokenizer_fits_model,
+    train_shared_bpe,
+)
 from hf_vanilla_transformer.training import TranslationTrainer, TranslationTrainingArguments
 
 logger = logging.getLogger("run_translation")
@@ -50,7 +62,13 @@ class ModelArguments:
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "A train_bpe.py folder. Without it a shared BPE is trained on the data."}
     )
-    vocab_size: int = field(default=8000, metadata={"help": "Size of the BPE vocabulary trained on the data."})
+    vocab_size: int = field(
+        default=DEFAULT_VOCAB_SIZE, metadata={"help": "Size of the BPE vocabulary trained on the data."}
+    )
+    normalization: Normalization = field(
+        default=DEFAULT_NORMALIZATION,
+        metadata={"help": "The new BPE's Unicode normal form: NFKC, or NFC to keep full-width punctuation as written."},
+    )
 
 
 @dataclass
@@ -72,6 +90,10 @@ class DataTrainingArguments:
     max_eval_samples: int | None = field(default=None, metadata={"help": "Use only this many validation pairs."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Use only this many test pairs."})
     num_beams: int | None = field(default=None, metadata={"help": "Beam size for evaluation (default: 4)."})
+    bleu_tokenize: str | None = field(
+        default=None,
+        metadata={"help": "sacreBLEU's tokenization for BLEU (default: by --target_lang, 'zh' for zh, else '13a')."},
+    )
     dataset_description: str | None = field(
         default=None, metadata={"help": "How the model card names the data, e.g. 'Multi30k (en-de)'."}
     )
@@ -105,7 +127,7 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArgume
 def main(argv: list[str] | None = None) -> dict:
     try:
         run = prepare(*parse_arguments(sys.argv[1:] if argv is None else argv))
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, ImportError) as error:
         sys.exit(f"{PROGRAM}: error: {command_line_error(error, FLAGS)}")
     return train_and_evaluate(run)
 
@@ -122,6 +144,7 @@ def prepare(model_args, data_args, training_args) -> Run:
         raise ValueError("a new model must be trained: give --do_train or --model_name_or_path")
     if training_args.push_to_hub and not training_args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id (for example your-name/multi30k-en-de)")
+    sacrebleu_bleu(bleu_tokenization(data_args.target_lang, data_args.bleu_tokenize))  # fails now, not after training
     set_seed(training_args.seed)
 
     splits = {}
@@ -172,7 +195,11 @@ def load_or_train_tokenizer(model_args, splits, resume_from_checkpoint: str | No
         raise ValueError("without --tokenizer_name the vocabulary is trained on the training data: give --do_train")
     logger.info("Training a shared %d-token BPE vocabulary on the training data", model_args.vocab_size)
     train = splits["train"]
-    return train_shared_bpe(chain(train["source"], train["target"]), vocab_size=model_args.vocab_size)
+    return train_shared_bpe(
+        chain(train["source"], train["target"]),
+        vocab_size=model_args.vocab_size,
+        normalization=model_args.normalization,
+    )
 
 
 def load_or_build_model(model_args, tokenizer):
@@ -217,6 +244,7 @@ def train_and_evaluate(run: Run) -> dict:
     # The Trainer would push every checkpoint and a card of its own; we upload the finished folder once instead.
     push_to_hub, args.push_to_hub = args.push_to_hub, False
     metric = load_translation_metric()
+    metric_options = {"target_language": run.data_args.target_lang, "bleu_tokenize": run.data_args.bleu_tokenize}
     trainer = TranslationTrainer(
         model=run.model,
         args=args,
@@ -224,11 +252,12 @@ def train_and_evaluate(run: Run) -> dict:
         eval_dataset=run.tokenized.get("validation"),
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=run.model),
-        compute_metrics=bleu_and_chrf_against(splits["validation"]["target"], tokenizer, metric)
+        compute_metrics=bleu_and_chrf_against(splits["validation"]["target"], tokenizer, metric, **metric_options)
         if "validation" in splits and args.predict_with_generate
         else None,
     )
     results, card_results, started = {}, {}, time.monotonic()
+    example = ("A man is sleeping.", "")  # the model card's example, a test sentence and its translation if there are
 
     if args.do_train:
         train_result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
@@ -249,10 +278,12 @@ def train_and_evaluate(run: Run) -> dict:
         output = trainer.predict(run.tokenized[split], metric_key_prefix=prefix)
         metrics = dict(output.metrics)
         if args.predict_with_generate:
-            predictions, scores = score_generated(output.predictions, tokenizer, references, metric)
+            predictions, scores = score_generated(output.predictions, tokenizer, references, metric, **metric_options)
             for key in ("bleu", "chrf", "bleu_signature", "chrf_signature"):
                 metrics[f"{prefix}_{key}"] = scores[key]
             card_results[split] = {**scores, "samples": len(references)}
+            if split == "test":
+                example = (splits["test"]["source"][0], predictions[0])
             if split == "test" and trainer.is_world_process_zero():
                 write_text_atomically(
                     os.path.join(args.output_dir, "generated_predictions.txt"), "".join(p + "\n" for p in predictions)
@@ -267,7 +298,7 @@ def train_and_evaluate(run: Run) -> dict:
         write_text_atomically(
             os.path.join(args.output_dir, "all_results.json"), json.dumps(results, indent=4, sort_keys=True)
         )
-        write_model_card(trainer, run, card_results, results)
+        write_model_card(trainer, run, card_results, results, example)
         if push_to_hub:
             url = push_model_folder(args.output_dir, args.hub_model_id, token=args.hub_token,
                                     private=args.hub_private_repo)  # fmt: skip
@@ -275,8 +306,8 @@ def train_and_evaluate(run: Run) -> dict:
     return results
 
 
-def write_model_card(trainer, run: Run, card_results: dict, results: dict) -> None:
-    args, data_args, splits = run.training_args, run.data_args, run.splits
+def write_model_card(trainer, run: Run, card_results: dict, results: dict, example: tuple[str, str]) -> None:
+    args, data_args = run.training_args, run.data_args
     data = data_args.dataset_description or data_args.dataset_name or data_args.train_file or "—"
     training = training_table(
         args,
@@ -295,7 +326,8 @@ def write_model_card(trainer, run: Run, card_results: dict, results: dict) -> No
         training=training,
         dataset_id=data_args.dataset_name,
         dataset_name=data_args.dataset_description or data_args.dataset_name,
-        example_source=splits["test"]["source"][0] if "test" in splits else "A man is sleeping.",
+        example_source=example[0],
+        example_translation=example[1],
     )
     card.save(os.path.join(args.output_dir, "README.md"))
 

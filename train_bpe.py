@@ -16,7 +16,12 @@ from transformers import HfArgumentParser
 from hf_vanilla_transformer.cli import command_line_error
 from hf_vanilla_transformer.data import file_sentences, read_dataset
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
+from hf_vanilla_transformer.tokenizer_training import (
+    DEFAULT_NORMALIZATION,
+    DEFAULT_VOCAB_SIZE,
+    Normalization,
+    train_shared_bpe,
+)
 
 
 @dataclass
@@ -31,8 +36,14 @@ class BpeTrainingArguments:
     dataset_split: str = field(default="train", metadata={"help": "The dataset split to train on."})
     source_lang: str = field(default="en", metadata={"help": "Source language key of translation rows."})
     target_lang: str = field(default="de", metadata={"help": "Target language key of translation rows."})
-    vocab_size: int = field(default=8000, metadata={"help": "Size of the shared vocabulary, special tokens included."})
+    vocab_size: int = field(
+        default=DEFAULT_VOCAB_SIZE, metadata={"help": "Size of the shared vocabulary, special tokens included."}
+    )
     min_frequency: int = field(default=2, metadata={"help": "Merge only pairs seen at least this often."})
+    normalization: Normalization = field(
+        default=DEFAULT_NORMALIZATION,
+        metadata={"help": "Unicode normal form: NFKC, or NFC to keep full-width punctuation (Chinese) as written."},
+    )
     max_sentences: int | None = field(default=None, metadata={"help": "Train on at most this many sentences."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Replace a non-empty --output_dir."})
 
@@ -58,7 +69,10 @@ def train(args: BpeTrainingArguments) -> None:
             )
         )
     tokenizer = train_shared_bpe(
-        islice(sentences, args.max_sentences), vocab_size=args.vocab_size, min_frequency=args.min_frequency
+        islice(sentences, args.max_sentences),
+        vocab_size=args.vocab_size,
+        min_frequency=args.min_frequency,
+        normalization=args.normalization,
     )
     with atomic_output_dir(args.output_dir, overwrite_output_dir=args.overwrite_output_dir) as staging:
         tokenizer.save_pretrained(staging)

@@ -19,7 +19,8 @@ from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
 from hf_vanilla_transformer.training import TokenBudgetBatchSampler, TranslationTrainingArguments
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MULTI30K = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data", "multi30k")
+SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")
+MULTI30K = os.path.join(SHARED_DATA, "multi30k")
 
 
 def multi30k_tokenizer():

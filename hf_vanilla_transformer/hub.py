@@ -29,9 +29,14 @@ def render_model_card(
     dataset_id: str | None = None,
     dataset_name: str | None = None,
     example_source: str = "",
+    example_translation: str = "",
     license: str = "apache-2.0",
 ) -> ModelCard:
-    """A card for `model` with `results[split] = {"bleu", "chrf", "samples", "bleu_signature", "chrf_signature"}`."""
+    """A card for `model` with `results[split] = {"bleu", "chrf", "samples", "bleu_signature", "chrf_signature"}`.
+
+    `example_source` is the sentence the card's code examples translate, and `example_translation` what the model
+    gave for it (written in the pipeline example's output comment).
+    """
     eval_results = [
         EvalResult(
             task_type="translation",
@@ -87,6 +92,7 @@ def render_model_card(
         ],
         signatures=signatures,
         example_source=example_source.replace('"', '\\"'),
+        example_translation=example_translation.replace('"', '\\"'),
     )
 
 

@@ -8,13 +8,24 @@ evaluate metric module of its own (the class below), which `load_translation_met
     # {"bleu": 100.0, "chrf": 100.0, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:...", ...}
 
 Scores are sacreBLEU's corpus BLEU and chrF on detokenized, cased text against the raw references, with the
-signatures that say exactly how they were computed (Post, 2018).
+signatures that say exactly how they were computed (Post, 2018). BLEU's tokenization follows the target language as
+sacreBLEU's own `BLEU(trg_lang=...)` does: `zh` for Chinese (which has no spaces between words, so `13a` would see
+each sentence as a handful of "words"), `ja-mecab` for Japanese, `ko-mecab` for Korean, `13a` otherwise:
+
+    metric.compute(predictions=["我喜欢吃苹果。"], references=[["我喜欢吃苹果。"]], target_language="zh")
+    # {"bleu": 100.0, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:zh|smooth:exp|version:...", ...}
+
+`bleu_tokenize` names a sacreBLEU tokenization instead. chrF works on characters and needs no tokenization.
 """
+
+import re
 
 import datasets
 import evaluate
 import numpy as np
 import sacrebleu
+
+from .errors import ParameterError
 
 _CITATION = """\
 @inproceedings{post-2018-call,
@@ -30,15 +41,53 @@ _INPUTS = """
 Args:
     predictions (list of str): detokenized system outputs, one per segment.
     references (list of list of str): for each segment, one or more raw references.
+    target_language (str, optional): the predictions' language code ("de", "zh", "zh-Hans", "ja", ...); chooses
+        BLEU's tokenization as sacreBLEU does.
+    bleu_tokenize (str, optional): a sacreBLEU tokenization ("13a", "zh", "intl", "char", ...) instead.
 Returns:
     bleu, chrf (float): corpus scores, 0 to 100.
-    bleu_signature, chrf_signature (str): sacreBLEU signatures.
+    bleu_signature, chrf_signature (str): sacreBLEU signatures (`tok:` names BLEU's tokenization).
     counts, totals, precisions, bp, sys_len, ref_len: BLEU's details.
 """
 
 
+# The languages whose BLEU sacreBLEU tokenizes in its own way (`sacrebleu.metrics.BLEU._TOKENIZER_MAP`), and the
+# extra each tokenization needs.
+LANGUAGE_TOKENIZATIONS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
+ISO_639_3 = {"zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh", "jpn": "ja", "kor": "ko"}
+TOKENIZATION_EXTRAS = {"ja-mecab": "sacrebleu[ja]", "ko-mecab": "sacrebleu[ko]"}
+
+
+def bleu_tokenization(target_language: str | None = None, bleu_tokenize: str | None = None) -> str:
+    """sacreBLEU's tokenization for BLEU on text in `target_language`, or `bleu_tokenize` when given."""
+    if bleu_tokenize is not None:
+        if bleu_tokenize not in sacrebleu.metrics.BLEU.TOKENIZERS:
+            raise ParameterError(
+                f"bleu_tokenize {bleu_tokenize!r} is not a sacreBLEU tokenization; "
+                f"choose one of {', '.join(sorted(sacrebleu.metrics.BLEU.TOKENIZERS))}",
+                "bleu_tokenize",
+            )
+        return bleu_tokenize
+    language = re.split(r"[-_]", target_language or "")[0].lower()
+    return LANGUAGE_TOKENIZATIONS.get(ISO_639_3.get(language, language), sacrebleu.metrics.BLEU.TOKENIZER_DEFAULT)
+
+
+def sacrebleu_bleu(tokenization: str) -> sacrebleu.metrics.BLEU:
+    """sacreBLEU's BLEU with `tokenization`; a missing optional package is named with the extra that installs it."""
+    try:
+        return sacrebleu.metrics.BLEU(tokenize=tokenization)
+    except (ImportError, RuntimeError) as error:
+        extra = TOKENIZATION_EXTRAS.get(tokenization)
+        if extra is None:
+            raise
+        raise ImportError(
+            f"BLEU with sacreBLEU's {tokenization} tokenization needs packages that are not installed: "
+            f"pip install '{extra}'"
+        ) from error
+
+
 class TranslationMetrics(evaluate.Metric):
-    """Corpus sacreBLEU (13a tokenization, cased) and chrF, computed with the sacrebleu package."""
+    """Corpus sacreBLEU (cased, tokenized for the target language) and chrF, computed with the sacrebleu package."""
 
     def _info(self):
         return evaluate.MetricInfo(
@@ -54,12 +103,12 @@ class TranslationMetrics(evaluate.Metric):
             reference_urls=["https://github.com/mjpost/sacrebleu"],
         )
 
-    def _compute(self, predictions, references):
+    def _compute(self, predictions, references, target_language=None, bleu_tokenize=None):
+        bleu = sacrebleu_bleu(bleu_tokenization(target_language, bleu_tokenize))
         reference_counts = {len(refs) for refs in references}
         if len(reference_counts) > 1:
             raise ValueError("every prediction needs the same number of references")
         reference_streams = [list(stream) for stream in zip(*references, strict=False)]
-        bleu = sacrebleu.metrics.BLEU()
         chrf = sacrebleu.metrics.CHRF()
         bleu_score = bleu.corpus_score(predictions, reference_streams)
         chrf_score = chrf.corpus_score(predictions, reference_streams)
@@ -88,17 +137,22 @@ def decode_generated(generated: np.ndarray, tokenizer) -> list[str]:
     return [text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
 
 
-def score_generated(generated: np.ndarray, tokenizer, references: list[str], metric) -> tuple[list[str], dict]:
-    """The translations in `generated` and their scores (`metric.compute`) against one raw reference each."""
+def score_generated(
+    generated: np.ndarray, tokenizer, references: list[str], metric, **metric_options
+) -> tuple[list[str], dict]:
+    """The translations in `generated` and their scores (`metric.compute`) against one raw reference each.
+
+    `metric_options` are `target_language` and `bleu_tokenize`, passed on to the metric.
+    """
     predictions = decode_generated(generated, tokenizer)
-    return predictions, metric.compute(predictions=predictions, references=[[r] for r in references])
+    return predictions, metric.compute(predictions=predictions, references=[[r] for r in references], **metric_options)
 
 
-def bleu_and_chrf_against(references: list[str], tokenizer, metric):
+def bleu_and_chrf_against(references: list[str], tokenizer, metric, **metric_options):
     """A Trainer's `compute_metrics`: BLEU and chrF of the generated translations against `references`."""
 
     def compute_metrics(prediction) -> dict:
-        _, scores = score_generated(prediction.predictions, tokenizer, references, metric)
+        _, scores = score_generated(prediction.predictions, tokenizer, references, metric, **metric_options)
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     return compute_metrics

@@ -5,7 +5,10 @@ We train it with the `tokenizers` library's Rust trainer over both sides of the 
 `transformers` fast tokenizer, so that `AutoTokenizer.from_pretrained(folder)` loads it without any of our code.
 
 Choices, all documented in the README:
-- NFKC normalisation, no lowercasing, so decoding returns the (NFKC-normalised) input exactly.
+- NFKC normalisation by default, no lowercasing, so decoding returns the (NFKC-normalised) input exactly. NFKC
+  also turns the full-width punctuation of Chinese and Japanese ("，", "？", "！", "：") into ASCII, so a model
+  trained on it writes "你好吗?" where the references write "你好吗？"; `normalization="NFC"` keeps text as written
+  (canonical composition only) and is what the English→Chinese recipe uses.
 - Byte-level BPE (as GPT-2, RoBERTa and BART): words are split by GPT-2's pre-tokenisation pattern and BPE runs
   over their UTF-8 bytes, with all 256 bytes in the base vocabulary. A character never seen in training is
   encoded as its bytes, never as `<unk>` and never dropped. The paper's BPE runs over characters instead.
@@ -14,6 +17,7 @@ Choices, all documented in the README:
 """
 
 from collections.abc import Iterable
+from typing import Literal
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
@@ -24,16 +28,26 @@ BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 SPECIAL_TOKENS = [BOS, PAD, EOS, UNK]  # ids 0, 1, 2, 3
 BYTE_ALPHABET_SIZE = len(pre_tokenizers.ByteLevel.alphabet())
 MIN_VOCAB_SIZE = BYTE_ALPHABET_SIZE + len(SPECIAL_TOKENS)
+NORMALIZERS = {"NFKC": normalizers.NFKC, "NFC": normalizers.NFC}
+Normalization = Literal["NFKC", "NFC"]
+DEFAULT_VOCAB_SIZE = 8000
+DEFAULT_NORMALIZATION: Normalization = "NFKC"
 
 
 def train_shared_bpe(
-    sentences: Iterable[str], vocab_size: int = 8000, min_frequency: int = 2, model_max_length: int = 1024
+    sentences: Iterable[str],
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    min_frequency: int = 2,
+    model_max_length: int = 1024,
+    normalization: Normalization = DEFAULT_NORMALIZATION,
 ) -> PreTrainedTokenizerFast:
     """Train one BPE vocabulary of (at most) `vocab_size` tokens over `sentences`, streamed into the Rust trainer.
 
     `sentences` is any iterable of strings, for example both sides of the training corpus
     (`hf_vanilla_transformer.data.file_sentences`); errors raised while iterating propagate unchanged.
-    `model_max_length` is what `truncation=True` cuts to: the model's `max_position_embeddings`.
+    `model_max_length` is what `truncation=True` cuts to: the model's `max_position_embeddings`. `normalization` is
+    the Unicode normal form text is put in before encoding (NFKC: compatibility characters such as full-width
+    letters and punctuation become their plain forms; NFC: text stays as written).
     """
     if vocab_size < MIN_VOCAB_SIZE:
         raise ParameterError(
@@ -41,11 +55,15 @@ def train_shared_bpe(
             f"the {BYTE_ALPHABET_SIZE}-byte alphabet plus {len(SPECIAL_TOKENS)} special tokens",
             "vocab_size",
         )
+    if normalization not in NORMALIZERS:
+        raise ParameterError(
+            f"normalization {normalization!r} must be one of {', '.join(NORMALIZERS)}", "normalization"
+        )
     if min_frequency < 1:
         raise ParameterError(f"min_frequency {min_frequency} must be at least 1", "min_frequency")
 
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
-    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.normalizer = NORMALIZERS[normalization]()
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

@@ -3,12 +3,14 @@
     vanilla-translate --model runs/multi30k-small --input sentences.en --output sentences.de
     echo "A man is sleeping." | python -m hf_vanilla_transformer.translate --model runs/multi30k-small
 
-Lines are sorted by length into batches, so that little padding is computed, and written back in input order;
-an empty line stays an empty line. Decoding is the model's own (for ours the paper's: beam 4, length penalty
-0.6, at most source length + 50 tokens) unless --num_beams or --max_new_tokens say otherwise.
+Input and output are UTF-8, files and standard streams alike. Lines are sorted by length into batches, so that
+little padding is computed, and written back in input order; an empty line stays an empty line. Decoding is the
+model's own (for ours the paper's: beam 4, length penalty 0.6, at most source length + 50 tokens) unless
+--num_beams or --max_new_tokens say otherwise.
 """
 
 import argparse
+import io
 import os
 import sys
 
@@ -36,6 +38,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_arguments(argv)
+    for stream in (sys.stdin, sys.stdout):
+        if isinstance(stream, io.TextIOWrapper):  # standard input and output are UTF-8 too, whatever the locale says
+            stream.reconfigure(encoding="utf-8")
     try:
         lines = read_lines(args.input)
         translator = load_translator(args.model, args.device)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from helpers import BOS, EOS, PAD, TINY_RUN, TrainedRun, intercepted_hub
+from helpers import BOS, CHINESE_RUN, EOS, PAD, TINY_RUN, TrainedRun, intercepted_hub
 
 
 @pytest.fixture
@@ -36,6 +36,15 @@ def trained_run(tmp_path_factory) -> TrainedRun:
             [*TINY_RUN, "--output_dir", str(output), "--push_to_hub", "true", "--hub_model_id", "someone/tiny-en-de"]
         )
     return TrainedRun(output, results, commits)
+
+
+@pytest.fixture(scope="session")
+def chinese_run(tmp_path_factory) -> TrainedRun:
+    """run_translation.py English→Chinese on a Tatoeba slice (about 25 s)."""
+    import run_translation
+
+    output = tmp_path_factory.mktemp("run") / "en-zh"
+    return TrainedRun(output, run_translation.main([*CHINESE_RUN, "--output_dir", str(output)]))
 
 
 @pytest.fixture(scope="module")

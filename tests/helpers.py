@@ -4,6 +4,7 @@ boundary, and small functions more than one file uses. Fixtures are in conftest.
 
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerF
 PAD, BOS, EOS = 1, 0, 2
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+TATOEBA_EN_ZH = REPO_ROOT.parent / "shared" / "data" / "tatoeba-en-zh"
 
 
 def tiny_config(**overrides) -> VanillaTransformerConfig:
@@ -91,6 +93,21 @@ TINY_RUN = [
     "--logging_steps", "25", "--per_device_eval_batch_size", "32", "--report_to", "none", "--use_cpu", "true",
     "--disable_tqdm", "true", "--seed", "0",
 ]  # fmt: skip
+
+# the same tiny run, English→Chinese on a Tatoeba slice, with the vocabulary normalised as the Chinese recipe's
+CHINESE_RUN = [
+    "--train_file", str(TATOEBA_EN_ZH / "train.jsonl"), "--validation_file", str(TATOEBA_EN_ZH / "validation.jsonl"),
+    "--test_file", str(TATOEBA_EN_ZH / "test.jsonl"), "--source_lang", "en", "--target_lang", "zh",
+    "--normalization", "NFC", "--max_train_samples", "6000", "--max_eval_samples", "40", "--max_predict_samples", "50",
+    "--preset", "small", "--vocab_size", "1500",
+    "--config_overrides", "d_model=64,encoder_ffn_dim=128,decoder_ffn_dim=128,encoder_layers=2,decoder_layers=2",
+    "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--num_beams", "2",
+    "--max_steps", "300", "--max_tokens_per_batch", "1500", "--warmup_steps", "60", "--learning_rate_scale", "1.0",
+    "--save_strategy", "no", "--average_last_checkpoints", "1",
+    "--logging_steps", "50", "--per_device_eval_batch_size", "32", "--report_to", "none", "--use_cpu", "true",
+    "--disable_tqdm", "true", "--seed", "0",
+]  # fmt: skip
+CHINESE_CHARACTER = re.compile(r"[\u4e00-\u9fff]")
 
 
 @dataclass

@@ -1,5 +1,8 @@
 """hf_vanilla_transformer.metrics: sacreBLEU and chrF as a local `evaluate` module, and scoring generate() output."""
 
+import importlib.util
+import re
+
 import numpy as np
 import pytest
 import sacrebleu
@@ -8,6 +11,7 @@ from transformers import EvalPrediction
 from helpers import letter_tokenizer
 from hf_vanilla_transformer.metrics import (
     bleu_and_chrf_against,
+    bleu_tokenization,
     decode_generated,
     load_translation_metric,
     score_generated,
@@ -63,6 +67,69 @@ def test_unequal_reference_counts_are_an_error(metric):
         metric.compute(predictions=HYPOTHESES, references=[[REFERENCES[0]], [REFERENCES[1], HYPOTHESES[1]]])
 
 
+# Chinese has no spaces: 13a sees each sentence as one "word" (BLEU 0), sacreBLEU's zh tokenization splits characters
+CHINESE_REFERENCES = ["我喜欢吃苹果。", "他今天没有去学校，因为他生病了。"]
+CHINESE_HYPOTHESES = ["我爱吃苹果。", "他今天没去学校，因为他病了。"]
+
+
+@pytest.mark.parametrize("target_language", ["zh", "zh-Hans", "zh_TW", "ZH", "cmn"])
+def test_chinese_targets_are_scored_with_sacrebleus_zh_tokenization(metric, target_language):
+    scores = metric.compute(
+        predictions=CHINESE_HYPOTHESES,
+        references=[[r] for r in CHINESE_REFERENCES],
+        target_language=target_language,
+    )
+    direct = sacrebleu.metrics.BLEU(tokenize="zh").corpus_score(CHINESE_HYPOTHESES, [CHINESE_REFERENCES])
+    assert scores["bleu"] == direct.score == pytest.approx(57.41, abs=0.01)
+    # one token per character and per punctuation mark: 6 + 14 in the hypotheses, 7 + 16 in the references
+    assert (scores["sys_len"], scores["ref_len"]) == (20, 23)
+    assert scores["counts"] == [19, 14, 10, 6]  # only 爱 (for 喜欢) misses among the unigrams
+    assert "|tok:zh|" in scores["bleu_signature"]
+    assert scores["chrf"] == sacrebleu.corpus_chrf(CHINESE_HYPOTHESES, [CHINESE_REFERENCES]).score
+
+
+def test_without_a_target_language_chinese_gets_13a_and_bleu_zero(metric):
+    scores = metric.compute(predictions=CHINESE_HYPOTHESES, references=[[r] for r in CHINESE_REFERENCES])
+    assert scores["bleu"] == 0.0 and (scores["sys_len"], scores["ref_len"]) == (2, 2)
+    assert "|tok:13a|" in scores["bleu_signature"]
+
+
+def test_bleu_tokenize_overrides_the_target_language(metric):
+    scores = metric.compute(
+        predictions=CHINESE_HYPOTHESES,
+        references=[[r] for r in CHINESE_REFERENCES],
+        target_language="zh",
+        bleu_tokenize="char",
+    )
+    direct = sacrebleu.metrics.BLEU(tokenize="char").corpus_score(CHINESE_HYPOTHESES, [CHINESE_REFERENCES])
+    assert scores["bleu"] == direct.score and "|tok:char|" in scores["bleu_signature"]
+    with pytest.raises(ValueError, match=r"bleu_tokenize 'zh-cn' is not a sacreBLEU tokenization; choose one of .*13a"):
+        metric.compute(predictions=["a"], references=[["a"]], bleu_tokenize="zh-cn")
+
+
+@pytest.mark.parametrize(
+    ("target_language", "sacrebleu_code", "tokenization"),
+    [("de", "de", "13a"), ("en", "en", "13a"), (None, "", "13a"), ("zh", "zh", "zh"), ("zh-Hant", "zh", "zh"),
+     ("ja", "ja", "ja-mecab"), ("jpn", "ja", "ja-mecab"), ("ko-KR", "ko", "ko-mecab"), ("zu", "zu", "13a")],
+)  # fmt: skip
+def test_tokenization_follows_sacrebleus_choice_for_each_language(target_language, sacrebleu_code, tokenization):
+    assert bleu_tokenization(target_language) == tokenization
+    # sacreBLEU's own choice for the two-letter code (it knows neither regions, scripts nor three-letter codes)
+    assert sacrebleu.metrics.BLEU._TOKENIZER_MAP.get(sacrebleu_code, "13a") == tokenization
+
+
+@pytest.mark.parametrize(("target_language", "module", "extra"), [("ja", "MeCab", "sacrebleu[ja]"),
+                                                                  ("ko", "mecab_ko", "sacrebleu[ko]")])  # fmt: skip
+def test_japanese_and_korean_need_mecab_or_say_which_extra_installs_it(metric, target_language, module, extra):
+    compute = {"predictions": ["a b"], "references": [["a b"]], "target_language": target_language}
+    if importlib.util.find_spec(module) is None:
+        message = f"tokenization needs packages that are not installed: pip install '{extra}'"
+        with pytest.raises(ImportError, match=re.escape(message)):
+            metric.compute(**compute)
+    else:
+        assert f"|tok:{target_language}-mecab|" in metric.compute(**compute)["bleu_signature"]
+
+
 # generate() output as the Trainer gathers it: the start token, letters, </s>, then <pad> or the Trainer's -100
 GENERATED = np.array(
     [
@@ -90,3 +157,14 @@ def test_score_generated_and_compute_metrics_agree_with_compute(metric):
         "bleu": expected["bleu"],
         "chrf": expected["chrf"],
     }
+
+
+def test_score_generated_and_compute_metrics_pass_the_target_language_on(metric):
+    letters = letter_tokenizer()
+    generated = np.array([[0, 4, 6, 2], [0, 9, 2, 1]])  # "a c", "f"
+    references = ["a c", "f a"]
+    expected = metric.compute(predictions=["a c", "f"], references=[[r] for r in references], bleu_tokenize="char")
+    _, scores = score_generated(generated, letters, references, metric, bleu_tokenize="char")
+    assert scores == expected and "|tok:char|" in scores["bleu_signature"]
+    compute_metrics = bleu_and_chrf_against(references, letters, metric, bleu_tokenize="char")
+    assert compute_metrics(EvalPrediction(predictions=generated, label_ids=generated))["bleu"] == expected["bleu"]

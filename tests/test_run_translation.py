@@ -8,16 +8,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 import yaml
 from datasets import Dataset
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 import run_translation
-from helpers import REPO_ROOT, TEST, TRAIN, write_lines
+from helpers import CHINESE_CHARACTER, CHINESE_RUN, REPO_ROOT, TATOEBA_EN_ZH, TEST, TRAIN, write_lines
 from hf_vanilla_transformer.data import file_sentences
+from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
 from hf_vanilla_transformer.training import TranslationTrainingArguments
 
@@ -106,6 +108,49 @@ def test_the_final_model_is_the_mean_of_the_last_checkpoints(trained_run):
         mean = torch.stack([checkpoint[name].double() for checkpoint in checkpoints]).mean(0).float()
         torch.testing.assert_close(tensor, mean, rtol=0, atol=1e-7, msg=name)
     assert not torch.equal(final["model.shared.weight"], checkpoints[-1]["model.shared.weight"])
+
+
+def test_english_to_chinese_is_scored_with_sacrebleus_zh_tokenization(chinese_run):
+    output, results = chinese_run.output, chinese_run.results
+    predict = json.loads((output / "predict_results.json").read_text())
+    for scores, prefix in ((predict, "predict"), (results, "predict"), (results, "eval")):
+        assert re.fullmatch(r"nrefs:1\|case:mixed\|eff:no\|tok:zh\|smooth:exp\|version:[\d.]+",
+                            scores[f"{prefix}_bleu_signature"])  # fmt: skip
+    assert json.loads((output / "all_results.json").read_text())["predict_bleu_signature"].count("tok:zh") == 1
+
+    # generated_predictions.txt: UTF-8 Chinese, one line a test sentence, scored exactly as sacrebleu scores it
+    raw = (output / "generated_predictions.txt").read_bytes()
+    assert b"\\u" not in raw
+    lines = raw.decode("utf-8").split("\n")[:-1]
+    assert len(lines) == 50 and sum(bool(CHINESE_CHARACTER.search(line)) for line in lines) >= 45, lines
+    assert sum(line.endswith(("。", "？")) for line in lines) >= 40  # full-width, as the references end
+    references = [json.loads(row)["translation"]["zh"] for row in
+                  (TATOEBA_EN_ZH / "test.jsonl").read_text(encoding="utf-8").splitlines()[:50]]  # fmt: skip
+    direct = sacrebleu.metrics.BLEU(tokenize="zh").corpus_score(lines, [references])
+    assert predict["predict_bleu"] == pytest.approx(direct.score) and predict["predict_bleu"] > 0.3
+    assert sacrebleu.metrics.BLEU(tokenize="13a").corpus_score(lines, [references]).score < direct.score / 2
+
+
+def test_english_to_chinese_model_card_and_reloaded_pipeline(chinese_run):
+    card = ModelCard.load(chinese_run.output / "README.md")
+    assert card.data.language == ["en", "zh"]
+    bleu = next(r for r in card.data.eval_results if r.dataset_split == "test" and r.metric_type == "bleu")
+    assert "|tok:zh|" in bleu.metric_config and "|tok:zh|" in card.text
+    source = json.loads((TATOEBA_EN_ZH / "test.jsonl").read_text(encoding="utf-8").splitlines()[0])["translation"]["en"]
+    translation = (chinese_run.output / "generated_predictions.txt").read_text(encoding="utf-8").split("\n")[0]
+    assert f'translator("{source}"))  # [{{"translation_text": "{translation}"}}]' in card.text
+    translator = pipeline("translation", model=str(chinese_run.output), pipeline_class=TranslationPipeline)
+    outputs = translator(["I like to eat apples.", "Where is the station?"])
+    assert all(CHINESE_CHARACTER.search(output["translation_text"]) for output in outputs), outputs
+
+
+def test_bleu_tokenize_overrides_the_target_languages_choice(tmp_path):
+    run_args = [*CHINESE_RUN, "--max_steps", "5", "--do_eval", "false", "--output_dir", str(tmp_path / "out")]
+    results = run_translation.main([*run_args, "--bleu_tokenize", "char"])
+    assert "|tok:char|" in results["predict_bleu_signature"]
+    with pytest.raises(SystemExit, match=r"--bleu_tokenize 'zh-cn' is not a sacreBLEU tokenization; choose one of"):
+        run_translation.main([*run_args, "--output_dir", str(tmp_path / "other"), "--bleu_tokenize", "zh-cn"])
+    assert not (tmp_path / "other").exists()
 
 
 def test_tokenization_truncates_to_the_given_lengths():

@@ -120,6 +120,20 @@ def test_saved_tokenizer_reloads_with_auto_tokenizer(tokenizer, tmp_path):
     assert reloaded.model_max_length == 1024
 
 
+CHINESE = ["你好吗？我很好，谢谢！", "他说：“我们走吧。”", "请给我一杯水。"] * 30
+
+
+def test_nfc_keeps_the_full_width_punctuation_that_nfkc_turns_into_ascii():
+    nfkc, nfc = (train_shared_bpe(CHINESE, vocab_size=400, normalization=form) for form in ("NFKC", "NFC"))
+    assert round_trip(nfkc, "你好吗？我很好，谢谢！") == "你好吗?我很好,谢谢!"
+    assert round_trip(nfc, "你好吗？我很好，谢谢！") == "你好吗？我很好，谢谢！"
+    assert round_trip(nfc, "Ｆｕｌｌ ﬁ") == "Ｆｕｌｌ ﬁ"  # compatibility characters stay as written
+    assert round_trip(nfc, "e\u0301") == "\u00e9"  # canonical composition still applies
+    assert "？" not in "".join(nfkc.get_vocab()) and nfc.tokenize("？") != nfkc.tokenize("？")
+    with pytest.raises(ValueError, match="normalization 'NFD' must be one of NFKC, NFC"):
+        train_shared_bpe(CHINESE, vocab_size=400, normalization="NFD")
+
+
 def test_vocabulary_floor():
     assert MIN_VOCAB_SIZE == 260
     with pytest.raises(ValueError, match="no sentences"):

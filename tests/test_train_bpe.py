@@ -31,6 +31,17 @@ def test_cli_trains_the_multi30k_vocabulary(tmp_path):
     assert round_trip(tokenizer, sentence) == sentence
 
 
+def test_normalization_flag(tmp_path):
+    (tmp_path / "zh.txt").write_text("你好吗？我很好，谢谢！\n请给我一杯水。\n" * 50, encoding="utf-8")
+    train_bpe.main(["--train_file", str(tmp_path / "zh.txt"), "--vocab_size", "300", "--normalization", "NFC",
+                    "--output_dir", str(tmp_path / "nfc")])  # fmt: skip
+    assert round_trip(AutoTokenizer.from_pretrained(tmp_path / "nfc"), "你好吗？") == "你好吗？"
+    with pytest.raises(SystemExit) as exit_info:
+        train_bpe.main(["--train_file", str(tmp_path / "zh.txt"), "--normalization", "nfc",
+                        "--output_dir", str(tmp_path / "lower")])  # fmt: skip
+    assert exit_info.value.code == 2 and not (tmp_path / "lower").exists()  # argparse: not one of the choices
+
+
 def test_plain_text_files_dataset_folders_and_max_sentences(tmp_path):
     (tmp_path / "en.txt").write_text("a small cat\n\nthe small dog\n" * 50)
     (tmp_path / "de.txt").write_text("eine kleine Katze\nder kleine Hund\n" * 50)

@@ -1,10 +1,11 @@
 """The vanilla-translate command (hf_vanilla_transformer/translate.py)."""
 
+import os
 import shutil
 import subprocess
 import sys
 
-from helpers import SENTENCES, generate_text
+from helpers import CHINESE_CHARACTER, SENTENCES, generate_text
 
 
 def vanilla_translate(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -30,6 +31,23 @@ def test_translate_command_keeps_order_and_empty_lines(trained_run, model_and_to
     )  # fmt: skip
     assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 1 and piped.stdout.strip()
     assert "sentence/s" not in piped.stderr
+
+
+def test_translate_command_writes_chinese_as_utf8_whatever_the_locale(chinese_run, tmp_path):
+    english = ["I like to eat apples.", "", "Where is the station?"]
+    piped = subprocess.run(
+        [sys.executable, "-m", "hf_vanilla_transformer.translate", "--model", str(chinese_run.output)],
+        input="\n".join(english).encode("utf-8"), capture_output=True, timeout=300,
+        env={**os.environ, "PYTHONIOENCODING": "ascii", "LC_ALL": "C"},
+    )  # fmt: skip
+    assert piped.returncode == 0, piped.stderr.decode()
+    lines = piped.stdout.decode("utf-8").split("\n")
+    assert len(lines) == 4 and lines[1] == lines[3] == ""
+    assert CHINESE_CHARACTER.search(lines[0]) and CHINESE_CHARACTER.search(lines[2]), lines
+    (tmp_path / "in.txt").write_text("\n".join(english) + "\n", encoding="utf-8")
+    to_file = vanilla_translate("--model", str(chinese_run.output), "--input", str(tmp_path / "in.txt"),
+                                "--output", str(tmp_path / "out.txt"))  # fmt: skip
+    assert to_file.returncode == 0 and (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:3] == lines[:3]
 
 
 def test_translate_command_errors(trained_run, tmp_path):
