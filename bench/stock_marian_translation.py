@@ -84,6 +84,7 @@ def main():
     parser.add_argument("--target_lang", default="zh")
     parser.add_argument("--minutes", type=float, default=24)
     parser.add_argument("--output_dir", default=None, help="default: runs/stock-marian-<data>")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of each split (a dry run)")
     args = parser.parse_args()
     output_dir = args.output_dir or os.path.join(REPO_ROOT, "runs", f"stock-marian-{args.data}")
     set_seed(1)
@@ -91,7 +92,7 @@ def main():
 
     splits = {
         split: list(read_translation_file(os.path.join(SHARED_DATA, args.data, f"{split}.jsonl"),
-                                          args.source_lang, args.target_lang))
+                                          args.source_lang, args.target_lang))[: args.limit]
         for split in ("train", "validation", "test")
     }  # fmt: skip
     tokenizer = metaspace_bpe(chain.from_iterable(splits["train"]), vocab_size=8000)
