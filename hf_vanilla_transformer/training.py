@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 from safetensors.torch import load_file
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Sampler, SequentialSampler
 from tqdm.auto import tqdm
 from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import SchedulerType
 
 from .errors import ParameterError
@@ -258,6 +259,9 @@ class TranslationTrainer(Seq2SeqTrainer):
     - the learning rate of Equation 3 for the model's d_model when `learning_rate` is not given;
     - a time limit, `max_train_minutes`, with a progress bar against it;
     - `average_checkpoints_into_model()`, which loads the mean of the last `average_last_checkpoints` checkpoints.
+    - evaluation and prediction in dataset order, always: transformers 5 also applies
+      `train_sampling_strategy="group_by_length"` to evaluation, whose predictions then come back shuffled, out of
+      line with the references they are scored against.
 
     With plain `Seq2SeqTrainingArguments` it is the plain `Seq2SeqTrainer`. The train dataset needs `input_ids` and
     `labels` columns for token budgets.
@@ -301,6 +305,12 @@ class TranslationTrainer(Seq2SeqTrainer):
         if getattr(shard, "batch_sampler", None) is sampler:
             shard.num_processes, shard.process_index = 1, 0
         return dataloader
+
+    def _get_eval_sampler(self, eval_dataset) -> Sampler | None:
+        sampler = super()._get_eval_sampler(eval_dataset)
+        if isinstance(sampler, LengthGroupedSampler):
+            return SequentialSampler(eval_dataset)
+        return sampler
 
     def average_checkpoints_into_model(self) -> list[str]:
         """Section 6.1: load into the model the average of the last `args.average_last_checkpoints` checkpoints in

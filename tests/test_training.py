@@ -170,6 +170,22 @@ def test_the_training_arguments_default_to_the_papers_recipe(tmp_path):
     assert TranslationTrainingArguments.adam_beta2 == args.adam_beta2
 
 
+def test_predictions_come_in_dataset_order_even_with_length_grouped_training(tmp_path):
+    dataset = random_token_dataset(40, seed=3)  # sources of 1-20 tokens: length grouping reorders them
+
+    def predicted_labels(trainer_class, arguments_class):
+        args = arguments_class(output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_eval_batch_size=8,
+                               train_sampling_strategy="group_by_length", learning_rate=1e-3)  # fmt: skip
+        model = tiny_model()
+        collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=model, padding=True)
+        trainer = trainer_class(model=model, args=args, data_collator=collator)
+        return [[t for t in row if t != -100] for row in trainer.predict(dataset).label_ids.tolist()]
+
+    assert predicted_labels(TranslationTrainer, TranslationTrainingArguments) == dataset["labels"]
+    # transformers 5.24's own Seq2SeqTrainer evaluates in length-grouped order, out of line with the references
+    assert predicted_labels(Seq2SeqTrainer, Seq2SeqTrainingArguments) != dataset["labels"]
+
+
 def test_the_trainer_takes_equation_3s_peak_unless_a_learning_rate_is_given(tmp_path):
     def trainer(**settings):
         args = TranslationTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, **settings)
