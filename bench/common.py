@@ -87,8 +87,9 @@ def multi30k_batches(count: int, max_tokens: int, seed: int = 0):
     return batches, tokenizer
 
 
-def marian_like(config: VanillaTransformerConfig):
-    """MarianMTModel with our shape: post-LN, sinusoidal, scaled and tied embeddings, ReLU, same dropouts."""
+def marian_like(config: VanillaTransformerConfig, **marian_config):
+    """MarianMTModel with our shape: post-LN, sinusoidal, scaled and tied embeddings, ReLU, same dropouts.
+    `marian_config` overrides MarianConfig arguments (e.g. `forced_eos_token_id`)."""
     from transformers import MarianConfig, MarianMTModel
 
     model = MarianMTModel(
@@ -112,7 +113,7 @@ def marian_like(config: VanillaTransformerConfig):
             pad_token_id=config.pad_token_id,
             eos_token_id=config.eos_token_id,
             decoder_start_token_id=config.decoder_start_token_id,
-            forced_eos_token_id=None,
+            **{"forced_eos_token_id": None, **marian_config},
         )
     )
     model.set_attn_implementation("sdpa")

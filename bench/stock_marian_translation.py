@@ -22,7 +22,6 @@ from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     DataCollatorForSeq2Seq,
-    MarianConfig,
     MarianMTModel,
     PreTrainedTokenizerFast,
     Seq2SeqTrainer,
@@ -30,7 +29,8 @@ from transformers import (
     set_seed,
 )
 
-from bench.common import REPO_ROOT, SHARED_DATA, machine, write_results
+from bench.common import REPO_ROOT, SHARED_DATA, machine, marian_like, write_results
+from hf_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla_transformer.data import read_translation_file
 from hf_vanilla_transformer.files import write_text_atomically
 from hf_vanilla_transformer.metrics import load_translation_metric, score_generated
@@ -53,28 +53,17 @@ def metaspace_bpe(sentences, vocab_size: int) -> PreTrainedTokenizerFast:
 
 
 def marian(tokenizer) -> MarianMTModel:
-    return MarianMTModel(
-        MarianConfig(
-            vocab_size=len(tokenizer),
-            d_model=256,
-            encoder_layers=3,
-            decoder_layers=3,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=1024,
-            decoder_ffn_dim=1024,
-            activation_function="relu",
-            dropout=0.1,
-            max_position_embeddings=256,
-            scale_embedding=True,
-            share_encoder_decoder_embeddings=True,
-            tie_word_embeddings=True,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.pad_token_id,
-            forced_eos_token_id=tokenizer.eos_token_id,
-        )
+    """Our "small" preset's shape as MarianMTModel, with Marian's own conventions: the decoder starts from <pad>,
+    `</s>` is forced at the length limit."""
+    config = VanillaTransformerConfig.from_preset(
+        "small",
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=256,
     )
+    return marian_like(config, forced_eos_token_id=tokenizer.eos_token_id)
 
 
 def main():
