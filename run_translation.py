@@ -47,6 +47,7 @@ from hf_vanilla_transformer.tokenizer_training import (
     train_shared_bpe,
 )
 from hf_vanilla_transformer.training import TranslationTrainer, TranslationTrainingArguments
+from hf_vanilla_transformer.visualize import write_card_picture
 
 logger = logging.getLogger("run_translation")
 PROGRAM = "run_translation.py"
@@ -317,6 +318,7 @@ def write_model_card(trainer, run: Run, card_results: dict, results: dict, examp
         training_seconds=results.get("train_runtime"),
         data=data,
     )
+    picture = write_card_picture(trainer.model, run.tokenizer, example[0], args.output_dir)
     card = render_model_card(
         trainer.model,
         model_id=args.hub_model_id or os.path.basename(os.path.abspath(args.output_dir)),
@@ -328,6 +330,7 @@ def write_model_card(trainer, run: Run, card_results: dict, results: dict, examp
         dataset_name=data_args.dataset_description or data_args.dataset_name,
         example_source=example[0],
         example_translation=example[1],
+        attention_picture=picture and os.path.basename(picture),
     )
     card.save(os.path.join(args.output_dir, "README.md"))
 

@@ -30,12 +30,14 @@ def render_model_card(
     dataset_name: str | None = None,
     example_source: str = "",
     example_translation: str = "",
+    attention_picture: str | None = None,
     license: str = "apache-2.0",
 ) -> ModelCard:
     """A card for `model` with `results[split] = {"bleu", "chrf", "samples", "bleu_signature", "chrf_signature"}`.
 
     `example_source` is the sentence the card's code examples translate, and `example_translation` what the model
-    gave for it (written in the pipeline example's output comment).
+    gave for it (written in the pipeline example's output comment). `attention_picture`, a path relative to the
+    card (so that it shows on the Hub too), is the picture of the example's encoder-decoder attention.
     """
     eval_results = [
         EvalResult(
@@ -93,6 +95,7 @@ def render_model_card(
         signatures=signatures,
         example_source=example_source.replace('"', '\\"'),
         example_translation=example_translation.replace('"', '\\"'),
+        attention_picture=attention_picture,
     )
 
 

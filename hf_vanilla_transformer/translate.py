@@ -67,17 +67,24 @@ def read_lines(path: str) -> list[str]:
 
 def load_translator(model_path: str, device: str | None):
     """A TranslationPipeline over the folder's model and tokenizer."""
+    from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
+
+    model, tokenizer = load_model_and_tokenizer(model_path, device)
+    return TranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
+
+
+def load_model_and_tokenizer(model_path: str, device: str | None = None):
+    """The folder's model (on `device`; default: cuda if available) and tokenizer; a clear error if it holds none."""
     if not os.path.isfile(os.path.join(model_path, "config.json")):
         raise ParameterError(f"model_path {model_path}: not a model folder (no config.json)", "model_path")
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import hf_vanilla_transformer  # noqa: F401  (registers our model with the auto classes)
-    from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForSeq2SeqLM.from_pretrained(model_path).to(device)
-    return TranslationPipeline(model=model, tokenizer=AutoTokenizer.from_pretrained(model_path), device=device)
+    return model, AutoTokenizer.from_pretrained(model_path)
 
 
 def translate_lines(translator, lines: list[str], batch_size: int, generate_kwargs: dict, show_progress: bool):

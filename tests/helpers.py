@@ -182,6 +182,28 @@ def run_python(code: str, hf_home, package_importable: bool = False) -> subproce
     return result
 
 
+# Debian's packages (apt-get install chromium chromium-driver; setup.sh installs them)
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+@contextmanager
+def headless_chromium(width: int = 1280, height: int = 1600, timeout: float = 90):
+    """A real Chromium without a display, driven through Selenium; quit when the block ends."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
+        options.add_argument(argument)
+    browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        browser.set_page_load_timeout(timeout)
+        yield browser
+    finally:
+        browser.quit()
+
+
 def write_lines(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return str(path)

@@ -66,7 +66,7 @@ def test_run_translation_pushes_one_complete_folder(trained_run):
         "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
         "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "pipeline_translation.py",
         "README.md", "all_results.json", "train_results.json", "eval_results.json", "predict_results.json",
-        "generated_predictions.txt", "trainer_state.json",
+        "generated_predictions.txt", "trainer_state.json", "attention.png",
     }  # fmt: skip
     config = json.loads(files["config.json"])
     assert config["auto_map"]["AutoModelForSeq2SeqLM"].endswith("VanillaTransformerForConditionalGeneration")
@@ -108,6 +108,18 @@ def test_model_card_sections_and_metadata(trained_run):
     assert data["language"] == ["en", "de"] and data["license"] == "apache-2.0"
     assert data["metrics"] == ["bleu", "chrf"] and data["pipeline_tag"] == "translation"
     assert data["model-index"][0]["results"][0]["task"]["type"] == "translation"
+
+
+def test_the_card_shows_the_attention_of_its_example(trained_run, model_and_tokenizer):
+    from matplotlib.image import imread
+
+    card = ModelCard.load(trained_run.output / "README.md").text
+    example = card.split('tokenizer(["', 1)[1].split('"]', 1)[0]
+    assert f'![Encoder–decoder attention for "{example}"](attention.png)' in card  # relative: renders on the Hub
+    picture = imread(trained_run.output / "attention.png")
+    assert picture.ndim == 3 and picture.shape[0] > 100 and picture.shape[1] > 100
+    _, files = trained_run.commits[0]
+    assert files["attention.png"] == (trained_run.output / "attention.png").read_bytes()
 
 
 def test_the_cards_code_translates_where_the_package_is_missing(trained_run, model_and_tokenizer, tmp_path):

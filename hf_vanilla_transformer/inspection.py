@@ -1,0 +1,271 @@
+"""Looking inside a trained model: its three attentions (Section 3.2.3) and its decoding, one step at a time.
+
+The paper's model attends in three ways: the encoder's self-attention, the decoder's masked self-attention and the
+encoder-decoder attention (Figure 1). `attention_maps` returns all three, for every layer and head, for the
+translation the model produces or for a given target read with teacher forcing (as in training).
+`decoding_steps` replays `generate()` (greedy or Section 6.1's beam search) and tells, at each step, the tokens
+kept, the alternatives with their probabilities and where the encoder-decoder attention looked;
+`teacher_forced_steps` tells the same of a given target, with the probability the model gave each of its tokens.
+
+Attention weights come from the eager attention path only (PyTorch's fused `sdpa` kernel does not return them):
+both functions switch a model to it for the call, say so with a warning, and switch it back.
+"""
+
+import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LogitsProcessor
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+from .errors import ParameterError
+
+# Figure 1's three attentions: weights of shape (layers, heads, queries, keys) under these names
+ATTENTION_KINDS = {
+    "encoder_self_attention": "encoder self-attention",
+    "decoder_self_attention": "decoder masked self-attention",
+    "encoder_decoder_attention": "encoder-decoder attention",
+}
+_BYTE_OF_CHARACTER = {character: byte for byte, character in bytes_to_unicode().items()}
+
+
+@dataclass
+class AttentionMaps:
+    """The attention weights of one sentence pair, with readable tokens for the axes.
+
+    Queries and keys: the encoder's self-attention relates `source_tokens` to themselves; the decoder's position i
+    predicts `target_tokens[i]` from `decoder_input_tokens[: i + 1]` (`<s>` then the target shifted right), so its
+    self-attention has `target_tokens` as queries and `decoder_input_tokens` as keys, and the encoder-decoder
+    attention `target_tokens` as queries and `source_tokens` as keys.
+    """
+
+    source: str
+    translation: str
+    teacher_forced: bool
+    source_tokens: list[str]
+    target_tokens: list[str]
+    decoder_input_tokens: list[str]
+    weights: dict[str, torch.Tensor]  # ATTENTION_KINDS' names -> (layers, heads, queries, keys)
+    target_probabilities: list[float]  # the model's probability of each target token, given the ones before it
+    target_alternatives: list[list[tuple[str, float]]]  # at each target position, the model's top-k tokens
+
+    def queries_and_keys(self, kind: str) -> tuple[list[str], list[str]]:
+        return {
+            "encoder_self_attention": (self.source_tokens, self.source_tokens),
+            "decoder_self_attention": (self.target_tokens, self.decoder_input_tokens),
+            "encoder_decoder_attention": (self.target_tokens, self.source_tokens),
+        }[kind]
+
+
+@dataclass
+class Hypothesis:
+    """One partial translation kept after a decoding step, and how the step extended it."""
+
+    tokens: list[str]  # the target tokens so far, `<s>` left out
+    token: str  # the token this step added
+    probability: float  # the model's probability of `token` after `tokens[:-1]`
+    log_probability: float  # of all of `tokens`: the score beam search ranks by before its length penalty
+    alternatives: list[tuple[str, float]]  # the top-k next tokens at this step and their probabilities
+    looked_at: str  # the source token the encoder-decoder attention weighed most (last layer, mean over heads)
+    attention: list[float]  # that attention over the source tokens
+    finished: bool = False
+
+
+@dataclass
+class DecodingStep:
+    step: int  # 1 for the first target token
+    hypotheses: list[Hypothesis] = field(default_factory=list)
+
+
+def check_source(source: str, tokenizer, model) -> dict[str, torch.Tensor]:
+    """The tokenized `source`, refused when empty or longer than the model's positions."""
+    if not source.strip():
+        raise ParameterError("source: the sentence is empty", "source")
+    encoded = tokenizer(source, return_tensors="pt").to(model.device)
+    length, limit = encoded["input_ids"].shape[1], model.config.max_position_embeddings
+    if length > limit:
+        raise ParameterError(f"source: {length} tokens, more than the model's {limit} positions", "source")
+    return dict(encoded)
+
+
+def token_labels(tokenizer, ids) -> list[str]:
+    """Each token as a reader would write it: byte-level pieces turned back into text (`Ġ` is a space), special
+    tokens as they are, and a piece holding only part of a character's UTF-8 bytes as those bytes, e.g. `<E6 88>`."""
+    ids = [int(i) for i in ids]
+    special = set(tokenizer.all_special_ids)
+    byte_level = type(tokenizer.backend_tokenizer.decoder).__name__ == "ByteLevel"
+    labels = []
+    for token_id, token in zip(ids, tokenizer.convert_ids_to_tokens(ids), strict=True):
+        if token_id in special or not byte_level or any(c not in _BYTE_OF_CHARACTER for c in token):
+            labels.append(token if token_id in special else tokenizer.convert_tokens_to_string([token]))
+            continue
+        raw = bytes(_BYTE_OF_CHARACTER[c] for c in token)
+        try:
+            labels.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            labels.append("<" + " ".join(f"{byte:02X}" for byte in raw) + ">")
+    return labels
+
+
+@contextmanager
+def eager_attention(model) -> Iterator[None]:
+    """Run `model` on the eager attention path, which returns attention weights, and restore its own after."""
+    previous = model.config._attn_implementation
+    if previous != "eager":
+        warnings.warn(
+            f"attention weights need the eager attention path: switched from {previous!r} to 'eager' for this call",
+            stacklevel=3,
+        )
+        model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        if previous != "eager":
+            model.set_attn_implementation(previous)
+
+
+def attention_maps(
+    model, tokenizer, source: str, target: str | None = None, top_k: int = 5, **generate_kwargs
+) -> AttentionMaps:
+    """The three attentions of every layer and head for `source` and its translation: the model's own
+    (`generate()` with `generate_kwargs`, else the model's generation config), or `target`, teacher-forced; and
+    at each target position the probability of the target's token and the model's `top_k` choices."""
+    encoded = check_source(source, tokenizer, model)
+    with eager_attention(model), torch.no_grad():
+        if target is None:
+            labels = model.generate(**encoded, **generate_kwargs)[:, 1:]  # without the decoder's `<s>`
+        else:
+            labels = target_ids(target, tokenizer, model)
+        decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
+        outputs = model(**encoded, decoder_input_ids=decoder_input_ids, output_attentions=True)
+    probabilities = outputs.logits[0].float().softmax(-1)
+    top = probabilities.topk(top_k)
+    return AttentionMaps(
+        source=source,
+        translation=target if target is not None else tokenizer.decode(labels[0], skip_special_tokens=True),
+        teacher_forced=target is not None,
+        source_tokens=token_labels(tokenizer, encoded["input_ids"][0]),
+        target_tokens=token_labels(tokenizer, labels[0]),
+        decoder_input_tokens=token_labels(tokenizer, decoder_input_ids[0]),
+        weights={
+            kind: torch.stack([layer[0] for layer in layers]).float().cpu()
+            for kind, layers in zip(
+                ATTENTION_KINDS,
+                (outputs.encoder_attentions, outputs.decoder_attentions, outputs.cross_attentions),
+                strict=True,
+            )
+        },
+        target_probabilities=probabilities.gather(-1, labels[0, :, None])[:, 0].tolist(),
+        target_alternatives=[
+            list(zip(token_labels(tokenizer, indices), values.tolist(), strict=True))
+            for indices, values in zip(top.indices, top.values, strict=True)
+        ],
+    )
+
+
+def target_ids(target: str, tokenizer, model) -> torch.Tensor:
+    if not target.strip():
+        raise ParameterError("target: the sentence is empty", "target")
+    labels = tokenizer(text_target=target, return_tensors="pt")["input_ids"].to(model.device)
+    limit = model.config.max_position_embeddings
+    if labels.shape[1] > limit:
+        raise ParameterError(f"target: {labels.shape[1]} tokens, more than the model's {limit} positions", "target")
+    return labels
+
+
+class _RunningSequences(LogitsProcessor):
+    """Records the sequences `generate()` extends at each step: for beam search, the beams it kept."""
+
+    def __init__(self):
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.steps.append(input_ids.clone())
+        return scores
+
+
+def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int = 5, **generate_kwargs):
+    """`generate()` on `source`, step by step: greedy (`num_beams=1`) or beam search; the model's generation config
+    gives every other setting (length penalty, length limits) unless `generate_kwargs` say otherwise.
+
+    Returns the steps, each with the hypotheses kept after it (the beams, best first; for beam search a hypothesis
+    that ended with `</s>` is marked `finished`), and the translation `generate()` returned.
+    """
+    encoded = check_source(source, tokenizer, model)
+    recorder = _RunningSequences()
+    with eager_attention(model), torch.no_grad():
+        output = model.generate(
+            **encoded,
+            **{**generate_kwargs, "num_beams": num_beams, "do_sample": False, "num_return_sequences": 1},
+            logits_processor=[recorder],
+            return_dict_in_generate=True,
+            output_logits=True,
+            output_attentions=True,
+        )
+    source_tokens = token_labels(tokenizer, encoded["input_ids"][0])
+    best = output.sequences[0]
+    finished_at = int((best != model.config.pad_token_id).sum()) - 1  # the step that wrote its last token
+    scores = {tuple(recorder.steps[0][0].tolist()): 0.0}
+    steps = []
+    for index, (running, logits, cross_attentions) in enumerate(
+        zip(recorder.steps, output.logits, output.cross_attentions, strict=True)
+    ):
+        rows = {tuple(sequence.tolist()): row for row, sequence in enumerate(running)}
+        log_probabilities = logits.float().log_softmax(-1)
+        attention = cross_attentions[-1][:, :, -1, :].mean(1)  # last layer, mean over heads: (rows, source)
+        kept = recorder.steps[index + 1] if index + 1 < len(recorder.steps) else best[: index + 2][None]
+        if index + 1 == finished_at and index + 1 < len(recorder.steps):
+            kept = torch.cat([best[: index + 2][None], kept])
+        step = DecodingStep(step=index + 1)
+        for sequence in kept:
+            sequence = tuple(sequence.tolist())
+            if sequence[:-1] not in rows:
+                continue
+            parent = rows[sequence[:-1]]
+            token_log_probability = float(log_probabilities[parent, sequence[-1]])
+            scores[sequence] = scores[sequence[:-1]] + token_log_probability
+            top = log_probabilities[parent].topk(top_k)
+            weights = attention[parent]
+            step.hypotheses.append(
+                Hypothesis(
+                    tokens=token_labels(tokenizer, sequence[1:]),
+                    token=token_labels(tokenizer, sequence[-1:])[0],
+                    probability=math.exp(token_log_probability),
+                    log_probability=scores[sequence],
+                    alternatives=list(
+                        zip(token_labels(tokenizer, top.indices), top.values.exp().tolist(), strict=True)
+                    ),
+                    looked_at=source_tokens[int(weights.argmax())],
+                    attention=weights.tolist(),
+                    finished=sequence[-1] == model.config.eos_token_id,
+                )
+            )
+        if step.hypotheses:  # the last step's beams are not seen when the best hypothesis had finished before it
+            steps.append(step)
+    return steps, tokenizer.decode(best, skip_special_tokens=True)
+
+
+def teacher_forced_steps(maps: AttentionMaps) -> list[DecodingStep]:
+    """The steps of a teacher-forced pass (`attention_maps(..., target=...)`), one hypothesis each: the reference
+    token, the probability the model gave it, the model's own top-k and where the encoder-decoder attention looked
+    (last layer, mean over heads)."""
+    attention = maps.weights["encoder_decoder_attention"][-1].mean(0)  # (target, source)
+    steps, log_probability = [], 0.0
+    for index, (token, probability) in enumerate(zip(maps.target_tokens, maps.target_probabilities, strict=True)):
+        log_probability += math.log(max(probability, 1e-45))
+        weights = attention[index]
+        hypothesis = Hypothesis(
+            tokens=maps.target_tokens[: index + 1],
+            token=token,
+            probability=probability,
+            log_probability=log_probability,
+            alternatives=maps.target_alternatives[index],
+            looked_at=maps.source_tokens[int(weights.argmax())],
+            attention=weights.tolist(),
+            finished=index + 1 == len(maps.target_tokens),
+        )
+        steps.append(DecodingStep(step=index + 1, hypotheses=[hypothesis]))
+    return steps

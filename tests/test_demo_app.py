@@ -1,0 +1,128 @@
+"""demo/app.py as people use it: served on a loopback port, driven in a real headless Chromium, called through
+gradio_client, and published as a Space."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import yaml
+from matplotlib.image import imread
+
+from helpers import REPO_ROOT, SENTENCES, generate_text, headless_chromium
+from hf_vanilla_transformer.visualize import STEP_COLUMNS
+
+APP = REPO_ROOT / "demo" / "app.py"
+START_TIMEOUT, PAGE_TIMEOUT = 120, 90
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def demo_url(trained_run, tmp_path_factory):
+    """The app serving the trained run's model on a free loopback port; stopped when the tests are done."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("demo") / "server.log"
+    environment = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, str(APP), "--model", str(trained_run.output), "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=environment,
+        )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"the demo exited with {server.returncode}:\n{log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the demo did not answer within {START_TIMEOUT} s:\n{log_path.read_text()}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def expected(model_and_tokenizer):
+    """The model's own translations (beam search, its generation config), as the page should show them."""
+    return dict(zip(SENTENCES, generate_text(*model_and_tokenizer, SENTENCES), strict=True))
+
+
+def test_a_person_translates_in_a_real_browser(demo_url, expected, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with headless_chromium() as browser:
+        browser.get(demo_url)
+        wait = WebDriverWait(browser, PAGE_TIMEOUT)
+        wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#source textarea")).send_keys(SENTENCES[0])
+        browser.find_element(By.CSS_SELECTOR, "button#translate").click()
+        translation = wait.until(
+            lambda b: b.find_element(By.CSS_SELECTOR, "#translation textarea").get_attribute("value")
+        )
+        assert translation == expected[SENTENCES[0]]
+        picture = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#attention img"))
+        wait.until(lambda b: b.execute_script("return arguments[0].complete && arguments[0].naturalWidth", picture))
+        assert browser.execute_script("return arguments[0].naturalWidth", picture) > 100
+        # the table's first rows (it scrolls; the gradio_client test reads it whole): step 1, the first token
+        steps = browser.find_element(By.CSS_SELECTOR, "#steps").text.splitlines()
+        step, so_far, token = steps[steps.index("attention on") + 1 :][:3]
+        assert step == "1" and so_far == token and translation.startswith(token)
+        screenshot = tmp_path / "demo.png"
+        assert browser.save_screenshot(str(screenshot)) and imread(screenshot).shape[1] == 1280
+
+
+def test_the_api_answers_gradio_client(demo_url, expected):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    client = Client(demo_url, verbose=False)
+    translation, picture, steps = client.predict(SENTENCES[1], api_name="/translate")
+    assert translation == expected[SENTENCES[1]]
+    assert imread(picture).shape[0] > 100
+    assert steps["headers"] == STEP_COLUMNS
+    (finished,) = [row for row in steps["data"] if row[2] == "</s> (end)"]  # the hypothesis generate() returned
+    assert finished[1].removesuffix("</s>").strip() == translation
+    with pytest.raises(AppError, match="the sentence is empty"):
+        client.predict("  ", api_name="/translate")
+
+
+def test_a_missing_model_is_one_clear_line(tmp_path):
+    missing = tmp_path / "no-model"
+    result = subprocess.run(
+        [sys.executable, str(APP), "--model", str(missing)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert str(missing) in result.stderr.strip().splitlines()[-1]
+
+
+def test_the_demo_folder_is_a_gradio_space():
+    import gradio
+
+    readme = (REPO_ROOT / "demo" / "README.md").read_text(encoding="utf-8")
+    front_matter = yaml.safe_load(readme.split("---\n")[1])
+    assert front_matter["sdk"] == "gradio" and front_matter["app_file"] == "app.py"
+    assert front_matter["sdk_version"] == gradio.__version__  # the version the tests ran
+    requirements = (REPO_ROOT / "demo" / "requirements.txt").read_text().split()
+    assert requirements[0] == "hf-vanilla-transformer[demo]"

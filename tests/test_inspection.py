@@ -1,0 +1,165 @@
+import itertools
+import math
+import warnings
+
+import pytest
+import torch
+
+from helpers import SENTENCES, generate_text
+from hf_vanilla_transformer.errors import ParameterError
+from hf_vanilla_transformer.inspection import (
+    ATTENTION_KINDS,
+    attention_maps,
+    decoding_steps,
+    teacher_forced_steps,
+    token_labels,
+)
+
+TARGET = "Ein Mann schläft."
+
+
+def plain_forward(model, tokenizer, source: str, target: str):
+    encoded = tokenizer(source, return_tensors="pt")
+    labels = tokenizer(text_target=target, return_tensors="pt")["input_ids"]
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        outputs = model(
+            **encoded, decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels), output_attentions=True
+        )
+    return outputs, labels
+
+
+def test_the_weights_are_output_attentions_of_a_plain_forward(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    maps = attention_maps(model, tokenizer, SENTENCES[0], target=TARGET)
+    outputs, labels = plain_forward(model, tokenizer, SENTENCES[0], TARGET)
+    expected = (outputs.encoder_attentions, outputs.decoder_attentions, outputs.cross_attentions)
+    for kind, layers in zip(ATTENTION_KINDS, expected, strict=True):
+        assert torch.equal(maps.weights[kind], torch.stack([layer[0] for layer in layers])), kind
+    config = model.config
+    source_length, target_length = len(tokenizer(SENTENCES[0])["input_ids"]), labels.shape[1]
+    heads, layers = config.encoder_attention_heads, config.encoder_layers
+    assert maps.weights["encoder_self_attention"].shape == (layers, heads, source_length, source_length)
+    heads, layers = config.decoder_attention_heads, config.decoder_layers
+    assert maps.weights["decoder_self_attention"].shape == (layers, heads, target_length, target_length)
+    assert maps.weights["encoder_decoder_attention"].shape == (layers, heads, target_length, source_length)
+    # the decoder's masked self-attention never looks ahead
+    assert torch.all(maps.weights["decoder_self_attention"].triu(diagonal=1) == 0)
+    probabilities = outputs.logits[0].softmax(-1).gather(-1, labels[0, :, None])[:, 0]
+    assert maps.target_probabilities == pytest.approx(probabilities.tolist(), abs=1e-6)
+    assert maps.teacher_forced and maps.translation == TARGET
+    assert maps.source_tokens == token_labels(tokenizer, tokenizer(SENTENCES[0])["input_ids"])
+    assert maps.decoder_input_tokens[0] == "<s>" and maps.decoder_input_tokens[1:] == maps.target_tokens[:-1]
+    assert maps.target_tokens[-1] == "</s>"
+
+
+def test_without_a_target_the_maps_are_of_the_models_own_translation(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    maps = attention_maps(model, tokenizer, SENTENCES[1])
+    assert not maps.teacher_forced
+    assert maps.translation == generate_text(model, tokenizer, SENTENCES[1:2])[0]
+    assert "".join(maps.target_tokens).removesuffix("</s>").strip() == maps.translation
+    for kind, weights in maps.weights.items():
+        assert torch.allclose(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-5), kind
+    # the model chose each of its tokens among its top choices (beam search need not take the very first)
+    for token, alternatives in zip(maps.target_tokens, maps.target_alternatives, strict=True):
+        assert token in [alternative for alternative, _ in alternatives]
+
+
+def test_an_sdpa_model_is_switched_to_eager_for_the_call_with_a_warning_and_back(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    model.set_attn_implementation("sdpa")
+    with pytest.warns(UserWarning, match="switched from 'sdpa' to 'eager'"):
+        maps = attention_maps(model, tokenizer, SENTENCES[0], target=TARGET)
+    assert model.config._attn_implementation == "sdpa"
+    assert maps.weights["encoder_self_attention"].abs().sum() > 0
+    model.set_attn_implementation("eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attention_maps(model, tokenizer, SENTENCES[0], target=TARGET)
+
+
+def test_labels_are_text_with_spaces_and_partial_characters_as_bytes(chinese_run):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(chinese_run.output)
+    english = token_labels(tokenizer, tokenizer("A man is sleeping.")["input_ids"])
+    assert "".join(english) == "A man is sleeping.</s>"
+    assert " man" in english or " m" in english[1]  # Ġ is shown as a space
+    chinese = token_labels(tokenizer, tokenizer("我喜欢吃苹果。")["input_ids"])
+    assert "".join(chinese) == "我喜欢吃苹果。</s>"
+    rare = token_labels(tokenizer, tokenizer("龘")["input_ids"])[:-1]  # not in a 1,500-token vocabulary
+    assert all(label.startswith("<") and label.endswith(">") for label in rare)
+    assert b"".join(bytes.fromhex(label[1:-1]) for label in rare) == "龘".encode()
+
+
+def test_greedy_steps_replay_generate(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    steps, translation = decoding_steps(model, tokenizer, SENTENCES[2], num_beams=1, top_k=3)
+    assert translation == generate_text(model, tokenizer, SENTENCES[2:3], num_beams=1)[0]
+    log_probability = 0.0
+    for number, step in enumerate(steps, start=1):
+        (hypothesis,) = step.hypotheses
+        assert step.step == number and len(hypothesis.tokens) == number
+        assert hypothesis.alternatives[0] == (hypothesis.token, pytest.approx(hypothesis.probability, abs=1e-6))
+        assert len(hypothesis.alternatives) == 3
+        log_probability += math.log(hypothesis.probability)
+        assert hypothesis.log_probability == pytest.approx(log_probability, abs=1e-4)
+        assert len(hypothesis.attention) == len(tokenizer(SENTENCES[2])["input_ids"])
+        assert (
+            hypothesis.looked_at
+            == token_labels(tokenizer, tokenizer(SENTENCES[2])["input_ids"])[
+                max(range(len(hypothesis.attention)), key=hypothesis.attention.__getitem__)
+            ]
+        )
+    assert steps[-1].hypotheses[0].finished and steps[-1].hypotheses[0].token == "</s>"
+    assert "".join(steps[-1].hypotheses[0].tokens).removesuffix("</s>").strip() == translation
+
+
+def test_beam_steps_are_the_beams_generate_kept(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    source = SENTENCES[2]
+    steps, translation = decoding_steps(model, tokenizer, source, num_beams=4)
+    batch = tokenizer([source], return_tensors="pt")
+    with torch.no_grad():
+        output = model.generate(**batch, num_beams=4, return_dict_in_generate=True, output_scores=True)
+    assert translation == tokenizer.decode(output.sequences[0], skip_special_tokens=True)
+    for earlier, later in itertools.pairwise(steps):
+        running = [h for h in later.hypotheses if not h.finished]
+        assert 1 <= len(running) <= 4
+        # each beam extends one kept at the step before, and beams come best first
+        assert all(h.tokens[:-1] in [e.tokens for e in earlier.hypotheses] for h in running)
+        scores = [h.log_probability for h in running]
+        assert scores == sorted(scores, reverse=True)
+    (best,) = [h for step in steps for h in step.hypotheses if h.finished]  # generate() returned this one
+    assert "".join(best.tokens).removesuffix("</s>").strip() == translation
+    # generate()'s score is the log-probability over the length to the power of the length penalty
+    length_penalty = model.generation_config.length_penalty
+    expected = best.log_probability / len(best.tokens) ** length_penalty
+    assert output.sequences_scores[0].item() == pytest.approx(expected, abs=1e-4)
+
+
+def test_teacher_forced_steps_give_each_reference_token_its_probability(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    maps = attention_maps(model, tokenizer, SENTENCES[0], target=TARGET, top_k=4)
+    steps = teacher_forced_steps(maps)
+    outputs, labels = plain_forward(model, tokenizer, SENTENCES[0], TARGET)
+    probabilities = outputs.logits[0].softmax(-1)
+    assert [step.hypotheses[0].token for step in steps] == token_labels(tokenizer, labels[0])
+    for position, step in enumerate(steps):
+        hypothesis = step.hypotheses[0]
+        assert hypothesis.probability == pytest.approx(probabilities[position, labels[0, position]].item(), abs=1e-6)
+        top = probabilities[position].topk(4)
+        assert [p for _, p in hypothesis.alternatives] == pytest.approx(top.values.tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [("", "source: the sentence is empty"), ("   ", "source: the sentence is empty"), ("a " * 3000, "positions")],
+)
+def test_bad_sources_are_refused(model_and_tokenizer, source, message):
+    model, tokenizer = model_and_tokenizer
+    for call in (attention_maps, decoding_steps):
+        with pytest.raises(ParameterError, match=message) as error:
+            call(model, tokenizer, source)
+        assert error.value.parameters == ("source",)
