@@ -46,7 +46,7 @@ from hf_vanilla_transformer.tokenizer_training import (
     check_tokenizer_fits_model,
     train_shared_bpe,
 )
-from hf_vanilla_transformer.training import TranslationTrainer, TranslationTrainingArguments
+from hf_vanilla_transformer.training import TranslationTrainer, TranslationTrainingArguments, latest_checkpoint
 from hf_vanilla_transformer.visualize import write_card_picture
 
 logger = logging.getLogger("run_translation")
@@ -105,6 +105,7 @@ FLAGS = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls)}
 SPLITS = (("train", "train_file", "max_train_samples"), ("validation", "validation_file", "max_eval_samples"),
           ("test", "test_file", "max_predict_samples"))  # fmt: skip
 METRIC_PREFIXES = {"validation": "eval", "test": "predict"}
+LATEST = "latest"  # --resume_from_checkpoint latest: the newest complete checkpoint in --output_dir
 
 
 @dataclass
@@ -121,8 +122,14 @@ class Run:
 
 
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArguments, TranslationTrainingArguments]:
-    """Flags, or a recipe file (.yaml/.json) followed by flags that override it."""
-    return HfArgumentParser(ARGUMENT_CLASSES).parse_args_into_dataclasses(expand_recipe(argv))
+    """Flags, or a recipe file (.yaml/.json) followed by flags that override it. A bare `--resume_from_checkpoint`
+    means `--resume_from_checkpoint latest`."""
+    argv = expand_recipe(argv)
+    for index, flag in enumerate(argv):
+        if flag == "--resume_from_checkpoint" and (index + 1 == len(argv) or argv[index + 1].startswith("--")):
+            argv = [*argv[: index + 1], LATEST, *argv[index + 1 :]]
+            break
+    return HfArgumentParser(ARGUMENT_CLASSES).parse_args_into_dataclasses(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -139,7 +146,11 @@ def prepare(model_args, data_args, training_args) -> Run:
     transformers.utils.logging.set_verbosity_warning()
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise ValueError("nothing to do: give --do_train, --do_eval and/or --do_predict")
-    if training_args.resume_from_checkpoint is None:
+    if training_args.resume_from_checkpoint == LATEST:
+        # the same command starts a run and restarts it: from the newest complete checkpoint, if there is one
+        training_args.resume_from_checkpoint = latest_checkpoint(training_args.output_dir)
+        logger.info("Resuming from %s", training_args.resume_from_checkpoint or "the start: no checkpoint yet")
+    elif training_args.resume_from_checkpoint is None:
         check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
     if model_args.model_name_or_path is None and not training_args.do_train:
         raise ValueError("a new model must be trained: give --do_train or --model_name_or_path")

@@ -16,6 +16,7 @@ batches, the learning-rate schedule, checkpoint averaging, a time budget, and a 
   fits a machine's time; the progress bar then measures that budget.
 """
 
+import json
 import logging
 import os
 import random
@@ -29,8 +30,10 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Sampler, SequentialSampler
 from tqdm.auto import tqdm
 from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_pt_utils import LengthGroupedSampler
-from transformers.trainer_utils import SchedulerType
+from transformers.trainer_utils import SchedulerType, TrainOutput
 
 from .errors import ParameterError
 
@@ -163,13 +166,34 @@ def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> 
 
 
 def checkpoint_folders(output_dir: str) -> list[str]:
-    """The Trainer's `checkpoint-STEP` folders in `output_dir`, oldest first."""
+    """The Trainer's complete `checkpoint-STEP` folders in `output_dir`, oldest first. A folder that a stopped run
+    left half-written is passed over, with a log line: the Trainer writes a checkpoint's `trainer_state.json` last,
+    so a checkpoint is complete when that file reads as JSON and names the folder's step."""
     steps = []
     for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
         match = re.fullmatch(r"checkpoint-(\d+)", name)
-        if match and os.path.isfile(os.path.join(output_dir, name, "model.safetensors")):
+        if not match:
+            continue
+        if is_complete_checkpoint(os.path.join(output_dir, name), int(match.group(1))):
             steps.append(int(match.group(1)))
+        else:
+            logger.warning("%s is incomplete (its run stopped while writing it): not used", name)
     return [os.path.join(output_dir, f"checkpoint-{step}") for step in sorted(steps)]
+
+
+def is_complete_checkpoint(folder: str, step: int) -> bool:
+    try:
+        with open(os.path.join(folder, TRAINER_STATE_NAME), encoding="utf-8") as file:
+            state = json.load(file)
+    except (OSError, ValueError):
+        return False
+    return state.get("global_step") == step and os.path.isfile(os.path.join(folder, "model.safetensors"))
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    """The newest complete checkpoint in `output_dir`, or None."""
+    folders = checkpoint_folders(output_dir)
+    return folders[-1] if folders else None
 
 
 def average_checkpoints(folders: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -199,17 +223,30 @@ def load_averaged_checkpoints(model: torch.nn.Module, folders: Sequence[str]) ->
         raise ValueError(f"checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
 
 
-class TimeLimitCallback(TrainerCallback):
-    """Ends training, with a final checkpoint, once `minutes` of training have passed."""
+class TimeLimitCallback(TrainerCallback, ExportableState):
+    """Ends training, with a final checkpoint, once `minutes` of training have passed. The budget is the whole
+    run's: each checkpoint records the training time spent so far (in its `trainer_state.json`), and a run resumed
+    from it counts on from there."""
 
     def __init__(self, minutes: float):
         self.seconds = minutes * 60
+        self.spent_before = 0.0  # training seconds of the runs this one resumed
         self.start = time.monotonic()
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        return self.spent_before + time.monotonic() - self.start
+
+    def state(self) -> dict:
+        return {"args": {"minutes": self.seconds / 60}, "attributes": {"spent_seconds": self.elapsed()}}
+
+    @classmethod
+    def spent_in(cls, state) -> float:
+        """The training seconds a checkpoint's `TrainerState` records (0 before the first step)."""
+        saved = state.stateful_callbacks.get(cls.__name__) if state.global_step else None
+        return saved["attributes"]["spent_seconds"] if isinstance(saved, dict) else 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.spent_before = self.spent_in(state)
         self.start = time.monotonic()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -278,6 +315,28 @@ class TranslationTrainer(Seq2SeqTrainer):
             if self.pop_callback(ProgressCallback) is not None:
                 self.add_callback(TimeBudgetProgressCallback(time_limit))
 
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs) -> TrainOutput:
+        """`Trainer.train`, except from a checkpoint at which training is over (`max_steps` reached, or the time
+        budget spent): transformers would train one step more from it, so a run stopped after its training, during
+        averaging or saving, would not end where an uninterrupted run does. That checkpoint is loaded as it is
+        instead, and nothing more is trained."""
+        if isinstance(resume_from_checkpoint, str):
+            state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME))
+            if self._training_is_over(state):
+                logger.info("Training is over at %s: loaded, nothing more to train", resume_from_checkpoint)
+                self._load_from_checkpoint(resume_from_checkpoint)
+                self.state = state
+                losses = [entry["loss"] for entry in state.log_history if "loss" in entry]
+                loss = sum(losses) / len(losses) if losses else float("nan")  # of the logged windows: no step ran
+                return TrainOutput(state.global_step, loss, {"epoch": state.epoch, "train_loss": loss})
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _training_is_over(self, state: TrainerState) -> bool:
+        if 0 < self.args.max_steps <= state.global_step:
+            return True
+        time_limit = next((c for c in self.callback_handler.callbacks if isinstance(c, TimeLimitCallback)), None)
+        return time_limit is not None and TimeLimitCallback.spent_in(state) >= time_limit.seconds
+
     def get_train_dataloader(self) -> DataLoader:
         max_tokens = getattr(self.args, "max_tokens_per_batch", None)
         if max_tokens is None:
@@ -319,8 +378,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         count = self.args.average_last_checkpoints
         folders = checkpoint_folders(self.args.output_dir)
         final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
-        if final not in folders:
-            self.save_model(final)
+        if final not in folders:  # a whole checkpoint, so that a run stopped from here on resumes from it
+            self._save_checkpoint(self.model, trial=None)
             folders.append(final)
         chosen = folders[-count:]
         if len(chosen) < count:

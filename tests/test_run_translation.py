@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -301,3 +302,91 @@ def test_recipes_list_only_what_differs_from_the_papers_defaults(recipe, tmp_pat
     assert not repeated, f"{recipe.name} repeats defaults: {repeated}"
     _, _, args = run_translation.parse_arguments([str(recipe), "--bf16", "false"])  # the WMT recipe's bf16 needs a GPU
     assert (args.adam_beta2, args.adam_epsilon, args.label_smoothing_factor) == (0.98, 1e-9, 0.1)
+
+
+# A 1+1-layer model with dropout, token budgets, a checkpoint every 24 steps and averaging of the last 3: a whole
+# run takes a few seconds, most of them starting Python.
+KILLED_RUN = [
+    "run_translation.py", "--preset", "small", "--config_overrides",
+    "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,"
+    "encoder_attention_heads=2,decoder_attention_heads=2",
+    "--train_file", TRAIN, "--max_train_samples", "120", "--vocab_size", "500", "--do_train",
+    "--max_tokens_per_batch", "600", "--max_steps", "240", "--warmup_steps", "10", "--save_steps", "24",
+    "--save_total_limit", "4", "--average_last_checkpoints", "3", "--logging_steps", "4", "--seed", "3",
+    "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true",
+]  # fmt: skip
+KILL_TIMEOUT = 120
+
+
+def kill_when(output_dir: Path, phase: str, rng) -> str:
+    """Run KILLED_RUN (resuming) and SIGKILL it in `phase`: "step" (a random moment of training), "checkpoint"
+    (while a checkpoint folder is being written: it exists, its trainer_state.json not yet) or "averaging" (once
+    the final averaging has begun). Returns what happened: "killed" or "finished" (it ended first)."""
+    command = [sys.executable, *KILLED_RUN, "--output_dir", str(output_dir), "--resume_from_checkpoint"]
+    log = output_dir.parent / f"{output_dir.name}.log"
+    with open(log, "a") as stream:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=stream, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + KILL_TIMEOUT
+    seen = {p.name for p in output_dir.glob("checkpoint-*")} if output_dir.is_dir() else set()
+    wait_until = None
+    while process.poll() is None and time.monotonic() < deadline:
+        new = [p for p in output_dir.glob("checkpoint-*") if p.name not in seen]
+        if phase == "step" and wait_until is None and new:
+            wait_until = time.monotonic() + rng.uniform(0.0, 0.5)  # training runs: at a random step among the next
+        if phase == "step" and wait_until is not None and time.monotonic() >= wait_until:
+            break
+        if phase == "checkpoint" and any(not (p / "trainer_state.json").exists() for p in new):
+            break
+        if phase == "averaging" and "Averaging checkpoint-" in log.read_text():
+            break
+        time.sleep(0.001)
+    if process.poll() is not None:
+        return "finished"
+    process.kill()
+    process.wait(timeout=30)
+    return "killed"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("uninterrupted") / "run"
+    result = subprocess.run([sys.executable, *KILLED_RUN, "--output_dir", str(output)], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=KILL_TIMEOUT)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return output
+
+
+@pytest.mark.parametrize("seed", range(4))  # 4 runs x 5 kills: the 20 kills BENCHMARKS.md counts
+def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_run, tmp_path, seed):
+    import random
+
+    killed = tmp_path / "killed"
+    rng = random.Random(seed)
+    outcomes = [kill_when(killed, phase, rng) for phase in ("step", "checkpoint", "step", "checkpoint", "averaging")]
+    assert outcomes == ["killed"] * 5
+    restart = subprocess.run([sys.executable, *KILLED_RUN, "--output_dir", str(killed), "--resume_from_checkpoint"],
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=KILL_TIMEOUT)  # fmt: skip
+    assert restart.returncode == 0, restart.stderr[-2000:]
+    assert (killed / "model.safetensors").read_bytes() == (uninterrupted_run / "model.safetensors").read_bytes()
+    # every training loss logged on the way, the resumed run's read from its checkpoints, is the same
+    ours, theirs = (json.loads((folder / "trainer_state.json").read_text()) for folder in (killed, uninterrupted_run))
+    assert ours["global_step"] == theirs["global_step"] == 240 and ours["epoch"] == theirs["epoch"]
+    losses = [[(e["step"], e["loss"]) for e in state["log_history"] if "loss" in e] for state in (ours, theirs)]
+    assert losses[0] == losses[1] and len(losses[0]) == 240 // 4
+    log = (tmp_path / "killed.log").read_text()
+    assert "is incomplete (its run stopped while writing it): not used" in log  # a checkpoint kill was seen
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--resume_from_checkpoint"], "latest"),
+        (["--resume_from_checkpoint", "--seed", "3"], "latest"),
+        (["--resume_from_checkpoint", "latest"], "latest"),
+        (["--resume_from_checkpoint", "runs/x/checkpoint-75"], "runs/x/checkpoint-75"),
+        ([], None),
+    ],
+)
+def test_a_bare_resume_flag_means_the_newest_checkpoint(flags, expected):
+    *_, training_args = run_translation.parse_arguments(["--output_dir", "runs/x", "--do_train", *flags])
+    assert training_args.resume_from_checkpoint == expected

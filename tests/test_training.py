@@ -1,8 +1,10 @@
 """Training: the token-budget sampler, the schedule of Equation 3, checkpoint averaging and TranslationTrainer; and
 the model training with transformers' Seq2SeqTrainer and DataCollatorForSeq2Seq, unchanged."""
 
+import json
 import random
 import re
+import time
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from transformers import (
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
+    TrainerState,
     get_scheduler,
 )
 
@@ -20,11 +23,13 @@ from helpers import BOS, LETTERS, letter_tokenizer, random_token_dataset, tiny_c
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.training import (
+    TimeLimitCallback,
     TokenBudgetBatchSampler,
     TranslationTrainer,
     TranslationTrainingArguments,
     average_checkpoints,
     checkpoint_folders,
+    latest_checkpoint,
     load_averaged_checkpoints,
     paper_learning_rate,
 )
@@ -106,7 +111,7 @@ def test_inverse_sqrt_schedule_is_equation_3(d_model, warmup, scale):
     assert paper_learning_rate(512, 4000) == pytest.approx(6.988e-4, rel=1e-3)  # the base model's peak
 
 
-def test_checkpoint_averaging_is_the_mean_of_known_weights(tmp_path):
+def test_checkpoint_averaging_is_the_mean_of_known_weights(tmp_path, caplog):
     model = tiny_model()
     # a distinct value in every entry of every tensor, so that a tensor read under another's name would show
     offset, distinct = 0, {}
@@ -118,9 +123,18 @@ def test_checkpoint_averaging_is_the_mean_of_known_weights(tmp_path):
             for name, parameter in model.named_parameters():
                 parameter.copy_(factor * distinct[name])
         model.save_pretrained(tmp_path / f"checkpoint-{step}")
-    (tmp_path / "checkpoint-40").mkdir()  # an unfinished checkpoint: no weights
-    folders = checkpoint_folders(str(tmp_path))
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (tmp_path / "checkpoint-40").mkdir()  # unfinished checkpoints: no weights, no trainer state ...
+    model.save_pretrained(tmp_path / "checkpoint-50")  # ... weights, no trainer state ...
+    model.save_pretrained(tmp_path / "checkpoint-60")  # ... a trainer state cut short by a kill
+    (tmp_path / "checkpoint-60" / "trainer_state.json").write_text('{"global_step": 6')
+    with caplog.at_level("WARNING"):
+        folders = checkpoint_folders(str(tmp_path))
     assert [f.rsplit("-", 1)[1] for f in folders] == ["5", "10", "20", "30"]
+    incomplete = [r.getMessage() for r in caplog.records if "incomplete" in r.getMessage()]
+    assert sorted(incomplete) == [f"checkpoint-{step} is incomplete (its run stopped while writing it): not used"
+                                  for step in (40, 50, 60)]  # fmt: skip
+    assert latest_checkpoint(str(tmp_path)) == folders[-1]
 
     averaged = average_checkpoints(folders[-3:])  # factors 1, 2 and 6: the mean is 3 times each value
     assert averaged.keys() == distinct.keys()  # every parameter, the tied matrix once
@@ -231,6 +245,23 @@ def test_a_time_limit_stops_training_with_a_checkpoint_and_a_progress_bar_of_the
     last = [line for line in bar if line.startswith("Training:")][-1]
     assert re.fullmatch(rf"Training: 100%\|█+\| 00:0\d of 00:01, step={steps}, loss=\d+(\.\d+)?", last.strip()), last
     assert not any("/100000" in line for line in bar)  # nothing counts towards max_steps
+
+    # the budget is the whole run's: the checkpoint records the time spent, and a resumed run counts on from it
+    checkpoint = str(tmp_path / f"checkpoint-{steps}")
+    spent = TimeLimitCallback.spent_in(TrainerState.load_from_json(f"{checkpoint}/trainer_state.json"))
+    assert 1.8 <= spent < 60
+    collator = trainer.data_collator
+    resumed = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
+    resumed.train(resume_from_checkpoint=checkpoint)  # the budget is spent: nothing more is trained
+    assert resumed.state.global_step == steps
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), model.parameters(), strict=True))
+    args.max_train_minutes = 0.06  # 3.6 seconds in all: about as long again
+    longer = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
+    started = time.monotonic()
+    longer.train(resume_from_checkpoint=checkpoint)
+    assert longer.state.global_step > steps and time.monotonic() - started < 3.6 - spent + 10
+    total = TimeLimitCallback.spent_in(longer.state)
+    assert 3.6 <= total < 3.6 + 10
 
 
 def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:
