@@ -494,3 +494,35 @@ def test_loads_with_remote_code_where_the_package_is_not_importable(tmp_path):
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, atol=0, rtol=0)
     generated = model.generate(SOURCES, attention_mask=(SOURCES != PAD).long(), max_new_tokens=4).tolist()
     assert result.stdout.strip() == str(generated)
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("bfloat16", [False, True], ids=["float32", "bfloat16-autocast"])
+def test_edge_batches_give_finite_losses_gradients_and_scores(attn_implementation, bfloat16):
+    """A source row of padding only, a source of `</s>` alone, one of exactly max_position_embeddings tokens, and
+    targets of `</s>` alone: nothing becomes NaN or Inf, in training or in beam search."""
+    model = tiny_model(attn_implementation=attn_implementation, dropout=0.1).train()
+    positions = model.config.max_position_embeddings
+    input_ids = torch.full((4, positions), PAD)
+    input_ids[1, 0] = EOS
+    input_ids[2] = torch.randint(4, 99, (positions,), generator=torch.Generator().manual_seed(0))
+    input_ids[2, -1] = EOS
+    input_ids[3, :5] = torch.tensor([5, 6, 7, 8, EOS])
+    attention_mask = (input_ids != PAD).long()  # row 0: no token at all
+    labels = torch.full((4, 6), -100)
+    labels[:, 0] = EOS
+    labels[2] = torch.tensor([9, 10, 11, 12, 13, EOS])
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
+        output = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    output.loss.backward()
+    assert torch.isfinite(output.loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
+        generated = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=5,
+            output_logits=True, output_scores=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    assert all(torch.isfinite(logits).all() for logits in generated.logits)
+    assert torch.isfinite(generated.sequences_scores).all()
+    assert not any(torch.isnan(scores).any() for scores in generated.scores)  # -inf marks tokens a rule forbids
