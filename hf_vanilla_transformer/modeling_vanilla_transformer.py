@@ -11,6 +11,7 @@ embeddings, and no biases in the attention projections (Equation 1's W^Q, W^K, W
 
 import copy
 import math
+import os
 from collections.abc import Callable
 
 import torch
@@ -342,6 +343,21 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
+
+    @classmethod
+    def from_pretrained(cls, path, *args, use_safetensors: bool | None = True, **kwargs):
+        """`PreTrainedModel.from_pretrained`, from safetensors only unless `use_safetensors=False`: a pickled
+        `pytorch_model.bin` can run code as it loads, so a folder holding only that is refused."""
+        try:
+            return super().from_pretrained(path, *args, use_safetensors=use_safetensors, **kwargs)
+        except OSError as error:
+            if use_safetensors and os.path.isfile(os.path.join(str(path), "pytorch_model.bin")):
+                raise OSError(
+                    f"{path}: no model.safetensors, only pickled weights (pytorch_model.bin), "
+                    "which can run code as they load; convert them to safetensors, or pass use_safetensors=False "
+                    "if you trust their source"
+                ) from error
+            raise
 
     def _init_weights(self, module: nn.Module):
         if isinstance(module, nn.Linear):

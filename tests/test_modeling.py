@@ -526,3 +526,19 @@ def test_edge_batches_give_finite_losses_gradients_and_scores(attn_implementatio
     assert all(torch.isfinite(logits).all() for logits in generated.logits)
     assert torch.isfinite(generated.sequences_scores).all()
     assert not any(torch.isnan(scores).any() for scores in generated.scores)  # -inf marks tokens a rule forbids
+
+
+def test_pickled_weights_are_refused_unless_the_caller_opts_in(tmp_path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = tiny_model()
+    model.config.save_pretrained(tmp_path)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # a pickle: it could run code as it loads
+    for load in (VanillaTransformerForConditionalGeneration.from_pretrained, AutoModelForSeq2SeqLM.from_pretrained):
+        with pytest.raises(OSError, match=r"only pickled weights \(pytorch_model.bin\).*use_safetensors=False"):
+            load(tmp_path)
+    trusted = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, use_safetensors=False)
+    expected = model.state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in trusted.state_dict().items())
+    model.save_pretrained(tmp_path)  # with model.safetensors beside it, that is what loads, with no flag
+    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(tmp_path), VanillaTransformerForConditionalGeneration)

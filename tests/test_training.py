@@ -2,6 +2,7 @@
 the model training with transformers' Seq2SeqTrainer and DataCollatorForSeq2Seq, unchanged."""
 
 import json
+import pickle
 import random
 import re
 import time
@@ -402,3 +403,32 @@ def test_two_accumulated_half_batches_give_the_gradient_of_the_full_batch(tmp_pa
     reference = definition_gradient(dataset, label_smoothing)
     assert largest_relative_difference(full, reference) < 1e-5
     assert largest_relative_difference(halves, reference) < 1e-5
+
+
+class _RunsCode:
+    """A pickle that would create a file as it loads."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("state_file", ["rng_state.pth", "optimizer.pt", "scheduler.pt"])
+def test_resuming_never_unpickles_code(tmp_path, state_file):
+    dataset = random_token_dataset(40, seed=2)
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=4, save_steps=2, per_device_train_batch_size=4,
+        warmup_steps=2, report_to=[], use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    model = tiny_model()
+    collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=model)
+    TranslationTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator).train()
+    marker = tmp_path / "code-ran"
+    torch.save({"state": _RunsCode(str(marker))}, tmp_path / "run" / "checkpoint-2" / state_file)
+    args.max_steps = 6
+    resumed = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+    assert not marker.exists()
