@@ -296,6 +296,8 @@ class TranslationTrainer(Seq2SeqTrainer):
     - the learning rate of Equation 3 for the model's d_model when `learning_rate` is not given;
     - a time limit, `max_train_minutes`, with a progress bar against it;
     - `average_checkpoints_into_model()`, which loads the mean of the last `average_last_checkpoints` checkpoints.
+    - resuming that ends where an uninterrupted run does: half-written checkpoints are passed over
+      (`checkpoint_folders`), and a checkpoint at which training is over trains no further (`train`);
     - evaluation and prediction in dataset order, always: transformers 5 also applies
       `train_sampling_strategy="group_by_length"` to evaluation, whose predictions then come back shuffled, out of
       line with the references they are scored against.
