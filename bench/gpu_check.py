@@ -21,6 +21,7 @@ import torch
 
 from bench.bench_training_step import training_flops
 from bench.common import (
+    decode_all,
     interleaved_medians,
     machine,
     marian_like,
@@ -89,12 +90,13 @@ def decoding_speed(config, batches, device, repetitions: int, new_tokens: int, s
         generate_kwargs = dict(num_beams=beams, do_sample=False, min_new_tokens=new_tokens, max_new_tokens=new_tokens)
 
         def decode(model, some_batches, generate_kwargs=generate_kwargs):
-            def run():
-                with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-                    for batch in some_batches:
-                        model.generate(**batch, **generate_kwargs)
+            run = decode_all(model, some_batches, **generate_kwargs)
 
-            return synchronized(run, device)
+            def in_bf16():
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    run()
+
+            return synchronized(in_bf16, device)
 
         for model in models.values():  # warm-up
             decode(model, batches[:2])()

@@ -18,7 +18,7 @@ from huggingface_hub import snapshot_download
 from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.inspection import attention_maps, decoding_steps
 from hf_vanilla_transformer.translate import load_model_and_tokenizer
-from hf_vanilla_transformer.visualize import STEP_COLUMNS, attention_figure, save_figure, steps_table
+from hf_vanilla_transformer.visualize import STEP_COLUMNS, cross_attention_figure, save_figure, steps_table
 
 EXAMPLES = ["A man is sleeping.", "Two dogs are playing in the snow.", "A woman in a red dress is singing."]
 # the system's fonts: the default theme would fetch one from Google Fonts, and a demo must work offline
@@ -40,6 +40,7 @@ def build_demo(model_path: str) -> gr.Blocks:
     """The page: a text box and Translate; the translation, the encoder-decoder attention picture (last layer, mean
     over heads) and the beam search's steps. Its API: `/translate` (sentence -> those three)."""
     model, tokenizer = load_model_and_tokenizer(model_folder(model_path), "cpu")
+    model.set_attn_implementation("eager")  # every request shows attention weights: switch once, not per request
     pictures = tempfile.mkdtemp(prefix="vanilla-demo-")
 
     def translate(source: str):
@@ -48,14 +49,7 @@ def build_demo(model_path: str) -> gr.Blocks:
             steps, _ = decoding_steps(model, tokenizer, source, num_beams=model.generation_config.num_beams or 1)
         except ParameterError as error:
             raise gr.Error(str(error).removeprefix("source: "), print_exception=False) from None
-        queries, keys = maps.queries_and_keys("encoder_decoder_attention")
-        figure = attention_figure(
-            maps.weights["encoder_decoder_attention"][-1].mean(0),
-            queries,
-            keys,
-            "encoder-decoder attention, last layer, mean over heads",
-        )
-        picture = save_figure(figure, os.path.join(pictures, f"{uuid.uuid4().hex}.png"))
+        picture = save_figure(cross_attention_figure(maps), os.path.join(pictures, f"{uuid.uuid4().hex}.png"))
         return maps.translation, picture, steps_table(steps)
 
     with gr.Blocks(title="Attention Is All You Need: a translator") as demo:

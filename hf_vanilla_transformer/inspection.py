@@ -80,15 +80,16 @@ class DecodingStep:
     hypotheses: list[Hypothesis] = field(default_factory=list)
 
 
-def check_source(source: str, tokenizer, model) -> dict[str, torch.Tensor]:
-    """The tokenized `source`, refused when empty or longer than the model's positions."""
-    if not source.strip():
-        raise ParameterError("source: the sentence is empty", "source")
-    encoded = tokenizer(source, return_tensors="pt").to(model.device)
+def encode_sentence(text: str, parameter: str, tokenizer, model, as_target: bool = False) -> dict[str, torch.Tensor]:
+    """`text` tokenized (as a source, or as a target), refused when empty or longer than the model's positions;
+    errors name `parameter`."""
+    if not text.strip():
+        raise ParameterError(f"{parameter}: the sentence is empty", parameter)
+    encoded = tokenizer(text_target=text, return_tensors="pt") if as_target else tokenizer(text, return_tensors="pt")
     length, limit = encoded["input_ids"].shape[1], model.config.max_position_embeddings
     if length > limit:
-        raise ParameterError(f"source: {length} tokens, more than the model's {limit} positions", "source")
-    return dict(encoded)
+        raise ParameterError(f"{parameter}: {length} tokens, more than the model's {limit} positions", parameter)
+    return dict(encoded.to(model.device))
 
 
 def token_labels(tokenizer, ids) -> list[str]:
@@ -133,12 +134,12 @@ def attention_maps(
     """The three attentions of every layer and head for `source` and its translation: the model's own
     (`generate()` with `generate_kwargs`, else the model's generation config), or `target`, teacher-forced; and
     at each target position the probability of the target's token and the model's `top_k` choices."""
-    encoded = check_source(source, tokenizer, model)
+    encoded = encode_sentence(source, "source", tokenizer, model)
     with eager_attention(model), torch.no_grad():
         if target is None:
             labels = model.generate(**encoded, **generate_kwargs)[:, 1:]  # without the decoder's `<s>`
         else:
-            labels = target_ids(target, tokenizer, model)
+            labels = encode_sentence(target, "target", tokenizer, model, as_target=True)["input_ids"]
         decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
         outputs = model(**encoded, decoder_input_ids=decoder_input_ids, output_attentions=True)
     probabilities = outputs.logits[0].float().softmax(-1)
@@ -166,16 +167,6 @@ def attention_maps(
     )
 
 
-def target_ids(target: str, tokenizer, model) -> torch.Tensor:
-    if not target.strip():
-        raise ParameterError("target: the sentence is empty", "target")
-    labels = tokenizer(text_target=target, return_tensors="pt")["input_ids"].to(model.device)
-    limit = model.config.max_position_embeddings
-    if labels.shape[1] > limit:
-        raise ParameterError(f"target: {labels.shape[1]} tokens, more than the model's {limit} positions", "target")
-    return labels
-
-
 class _RunningSequences(LogitsProcessor):
     """Records the sequences `generate()` extends at each step: for beam search, the beams it kept."""
 
@@ -194,7 +185,7 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
     Returns the steps, each with the hypotheses kept after it (the beams, best first; for beam search a hypothesis
     that ended with `</s>` is marked `finished`), and the translation `generate()` returned.
     """
-    encoded = check_source(source, tokenizer, model)
+    encoded = encode_sentence(source, "source", tokenizer, model)
     recorder = _RunningSequences()
     with eager_attention(model), torch.no_grad():
         output = model.generate(
@@ -229,10 +220,11 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
             scores[sequence] = scores[sequence[:-1]] + token_log_probability
             top = log_probabilities[parent].topk(top_k)
             weights = attention[parent]
+            tokens = token_labels(tokenizer, sequence[1:])
             step.hypotheses.append(
                 Hypothesis(
-                    tokens=token_labels(tokenizer, sequence[1:]),
-                    token=token_labels(tokenizer, sequence[-1:])[0],
+                    tokens=tokens,
+                    token=tokens[-1],
                     probability=math.exp(token_log_probability),
                     log_probability=scores[sequence],
                     alternatives=list(

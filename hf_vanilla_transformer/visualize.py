@@ -15,6 +15,7 @@ probability the model gives each reference token), printed and on the page. Draw
 """
 
 import argparse
+import functools
 import html
 import importlib.util
 import io
@@ -42,16 +43,22 @@ from .inspection import (
 # fonts with CJK characters that matplotlib falls back to for labels DejaVu Sans cannot draw
 CJK_FONTS = ("WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Droid Sans Fallback")
 COLOR_MAP = "viridis"  # 0 dark purple, 1 yellow: readable in grey too
+PAGE_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_page.html")
 logger = logging.getLogger(__name__)
 FLAGS = {"model_path": "model", "source": "source", "target": "target", "layer": "layer", "head": "head"}
 
 
-def font_families(labels: list[str]) -> list[str]:
-    """DejaVu Sans, then the installed CJK fonts; a warning when `labels` need one and none is installed."""
+@functools.cache
+def installed_cjk_fonts() -> tuple[str, ...]:
     from matplotlib import font_manager
 
     installed = {font.name for font in font_manager.fontManager.ttflist}
-    cjk = [name for name in CJK_FONTS if name in installed]
+    return tuple(name for name in CJK_FONTS if name in installed)
+
+
+def font_families(labels: list[str]) -> list[str]:
+    """DejaVu Sans, then the installed CJK fonts; a warning when `labels` need one and none is installed."""
+    cjk = installed_cjk_fonts()
     if not cjk and any(is_cjk(character) for label in labels for character in label):
         warnings.warn(
             "no CJK font installed: Chinese, Japanese or Korean labels are drawn as boxes "
@@ -113,10 +120,14 @@ def write_card_picture(model, tokenizer, source: str, output_dir: str) -> str | 
         except ParameterError as error:  # a picture is not worth failing a finished training run for
             logger.warning("no attention picture for the card: %s", error)
             return None
+    return save_figure(cross_attention_figure(maps), os.path.join(output_dir, CARD_PICTURE))
+
+
+def cross_attention_figure(maps: AttentionMaps):
+    """The picture of where the decoder looked: the encoder-decoder attention of the last layer, mean over heads."""
     queries, keys = maps.queries_and_keys("encoder_decoder_attention")
     weights = maps.weights["encoder_decoder_attention"][-1].mean(0)
-    title = "encoder-decoder attention, last layer, mean over heads"
-    return save_figure(attention_figure(weights, queries, keys, title), os.path.join(output_dir, CARD_PICTURE))
+    return attention_figure(weights, queries, keys, "encoder-decoder attention, last layer, mean over heads")
 
 
 def check_selection(maps: AttentionMaps, layer: int | None, head: int | None) -> None:
@@ -185,15 +196,15 @@ def format_steps(title: str, steps: list[DecodingStep]) -> str:
 def attention_page(maps: AttentionMaps, step_tables: dict[str, list[DecodingStep]] | None = None) -> str:
     """One HTML page, scripts and data inline (no network): pick the kind, layer and head (or the mean) of the
     attention to show as a heat map of the tokens; then the decoding tables, if any."""
-    data = {
-        kind: {
+    data = {}
+    for kind, title in ATTENTION_KINDS.items():
+        queries, keys = maps.queries_and_keys(kind)
+        data[kind] = {
             "title": title,
-            "queries": maps.queries_and_keys(kind)[0],
-            "keys": maps.queries_and_keys(kind)[1],
+            "queries": queries,
+            "keys": keys,
             "weights": maps.weights[kind].round(decimals=4).tolist(),
         }
-        for kind, title in ATTENTION_KINDS.items()
-    }
     tables = ""
     for title, steps in (step_tables or {}).items():
         head = "".join(f"<th>{html.escape(column)}</th>" for column in STEP_COLUMNS)
@@ -213,9 +224,6 @@ def attention_page(maps: AttentionMaps, step_tables: dict[str, list[DecodingStep
     }
     with open(PAGE_TEMPLATE, encoding="utf-8") as file:
         return re.sub(r"__([A-Z_]+)__", lambda match: values[match.group(1)], file.read())
-
-
-PAGE_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_page.html")
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
