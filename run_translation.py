@@ -25,13 +25,14 @@ from itertools import chain
 
 import transformers
 from datasets import Dataset
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, HfArgumentParser, set_seed
+from transformers import DataCollatorForSeq2Seq, HfArgumentParser, set_seed
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.cli import command_line_error, expand_recipe, parse_config_overrides
+from hf_vanilla_transformer.cli import command_line_error, expand_recipe, parse_config_overrides, parse_flags
 from hf_vanilla_transformer.data import load_translation_split
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
 from hf_vanilla_transformer.hub import push_model_folder, render_model_card, training_table
+from hf_vanilla_transformer.loading import load_model, load_tokenizer
 from hf_vanilla_transformer.metrics import (
     bleu_and_chrf_against,
     bleu_tokenization,
@@ -124,12 +125,13 @@ class Run:
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArguments, TranslationTrainingArguments]:
     """Flags, or a recipe file (.yaml/.json) followed by flags that override it. A bare `--resume_from_checkpoint`
     means `--resume_from_checkpoint latest`."""
-    argv = expand_recipe(argv)
+    parser = HfArgumentParser(ARGUMENT_CLASSES)
+    argv = expand_recipe(argv, parser)
     for index, flag in enumerate(argv):
         if flag == "--resume_from_checkpoint" and (index + 1 == len(argv) or argv[index + 1].startswith("--")):
             argv = [*argv[: index + 1], LATEST, *argv[index + 1 :]]
             break
-    return HfArgumentParser(ARGUMENT_CLASSES).parse_args_into_dataclasses(argv)
+    return parse_flags(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -200,9 +202,7 @@ def load_or_train_tokenizer(model_args, splits, resume_from_checkpoint: str | No
     ):
         source = resume_from_checkpoint
     if source is not None:
-        if not os.path.isdir(source):
-            raise ValueError(f"--tokenizer_name {source}: no such folder")
-        return AutoTokenizer.from_pretrained(source)
+        return load_tokenizer(source, "tokenizer_name" if model_args.tokenizer_name else "model_name_or_path")
     if "train" not in splits:
         raise ValueError("without --tokenizer_name the vocabulary is trained on the training data: give --do_train")
     logger.info("Training a shared %d-token BPE vocabulary on the training data", model_args.vocab_size)
@@ -216,7 +216,7 @@ def load_or_train_tokenizer(model_args, splits, resume_from_checkpoint: str | No
 
 def load_or_build_model(model_args, tokenizer):
     if model_args.model_name_or_path is not None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+        model = load_model(model_args.model_name_or_path, "cpu", "model_name_or_path")
         if model_args.tokenizer_name is not None:
             try:
                 check_tokenizer_fits_model(tokenizer, model.config)

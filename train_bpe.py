@@ -13,7 +13,7 @@ from itertools import chain, islice
 
 from transformers import HfArgumentParser
 
-from hf_vanilla_transformer.cli import command_line_error
+from hf_vanilla_transformer.cli import command_line_error, parse_flags
 from hf_vanilla_transformer.data import file_sentences, read_dataset
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.tokenizer_training import (
@@ -49,8 +49,8 @@ class BpeTrainingArguments:
 
 
 def main(argv: list[str] | None = None) -> None:
-    (args,) = HfArgumentParser(BpeTrainingArguments).parse_args_into_dataclasses(argv)
     try:
+        (args,) = parse_flags(HfArgumentParser(BpeTrainingArguments), argv)
         train(args)
     except (ValueError, OSError) as error:
         sys.exit(f"train_bpe.py: error: {command_line_error(error, {f.name for f in fields(BpeTrainingArguments)})}")

@@ -17,7 +17,7 @@ from huggingface_hub import snapshot_download
 
 from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.inspection import attention_maps, decoding_steps
-from hf_vanilla_transformer.translate import load_model_and_tokenizer
+from hf_vanilla_transformer.loading import load_model_and_tokenizer
 from hf_vanilla_transformer.visualize import STEP_COLUMNS, cross_attention_figure, save_figure, steps_table
 
 EXAMPLES = ["A man is sleeping.", "Two dogs are playing in the snow.", "A woman in a red dress is singing."]

@@ -7,6 +7,7 @@ trains on Multi30k on a laptop CPU.
 """
 
 import copy
+import math
 from typing import Literal, get_args, get_origin
 
 from huggingface_hub.dataclasses import strict
@@ -226,8 +227,10 @@ class VanillaTransformerConfig(PretrainedConfig):
             )
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             self._require(0 <= getattr(self, name) < 1, name, "must be in [0, 1)")
-        self._require(self.init_std is None or self.init_std > 0, "init_std", "must be positive or None")
-        self._require(self.layer_norm_eps > 0, "layer_norm_eps", "must be positive")
+        self._require(
+            self.init_std is None or 0 < self.init_std < math.inf, "init_std", "must be positive and finite, or None"
+        )
+        self._require(0 < self.layer_norm_eps < math.inf, "layer_norm_eps", "must be positive and finite")
         # position_embedding_type and layer_norm_position are Literal fields: @strict checks them on assignment
         choices = ", ".join(map(repr, sorted(ACT2FN)))
         self._require(self.activation_function in ACT2FN, "activation_function", f"must be one of {choices}")

@@ -33,21 +33,18 @@ def translation_pair(row, where: str, source_lang: str, target_lang: str) -> tup
             raise TranslationDataError(f"{where}: the {lang!r} sentence is not a string: {_shorten(sentence)}")
         if not sentence.strip():
             raise TranslationDataError(f"{where}: the {lang!r} sentence is empty")
+        _check_encodable(sentence, f"{where}: the {lang!r} sentence")
     return translation[source_lang], translation[target_lang]
 
 
 def read_translation_file(path: str, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
     """(source, target) pairs of a translation JSON lines file; blank lines are skipped."""
     count = 0
-    for line_number, line in _numbered_lines(path):
+    for line_number, line in numbered_lines(path):
         if not line.strip():
             continue
         where = f"{path}:{line_number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise TranslationDataError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-        yield translation_pair(row, where, source_lang, target_lang)
+        yield translation_pair(_json_row(line, where), where, source_lang, target_lang)
         count += 1
     if count == 0:
         raise TranslationDataError(f"{path}: no sentence pairs (the file is empty)")
@@ -56,7 +53,7 @@ def read_translation_file(path: str, source_lang: str, target_lang: str) -> Iter
 def read_text_file(path: str) -> Iterator[str]:
     """The non-blank lines of a plain text file, one sentence a line."""
     count = 0
-    for _, line in _numbered_lines(path):
+    for _, line in numbered_lines(path):
         if line.strip():
             yield line.rstrip("\r\n")
             count += 1
@@ -111,16 +108,60 @@ def file_sentences(files: Iterable[str], source_lang: str, target_lang: str) -> 
             yield from read_text_file(path)
 
 
-def _numbered_lines(path: str) -> Iterator[tuple[int, str]]:
+def _json_row(line: str, where: str):
+    """One JSON value; duplicate keys are an error (json keeps the last silently, so one sentence would vanish)."""
+    try:
+        return json.loads(line, object_pairs_hook=lambda pairs: _object_without_duplicates(pairs, where))
+    except json.JSONDecodeError as error:
+        raise TranslationDataError(
+            f"{where}: not valid JSON ({error.msg.removesuffix(' at')} at column {error.colno})"
+        ) from None
+    except RecursionError:
+        raise TranslationDataError(f"{where}: not a translation row (JSON nested too deeply to read)") from None
+    except ValueError as error:  # integers of more than 4,300 digits
+        raise TranslationDataError(f"{where}: not a translation row ({error})") from None
+
+
+def _object_without_duplicates(pairs: list[tuple[str, object]], where: str) -> dict:
+    row = {}
+    for key, value in pairs:
+        if key in row:
+            raise TranslationDataError(f"{where}: the key {key!r} appears twice in one object")
+        row[key] = value
+    return row
+
+
+def _check_encodable(text: str, what: str) -> None:
+    """JSON's \\ud800-style escapes can make strings that are not Unicode text (lone surrogates): the tokenizer and
+    every UTF-8 writer would fail on them later, far from the line that holds them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise TranslationDataError(
+            f"{what} is not Unicode text (a lone surrogate {text[error.start]!r} at character {error.start + 1})"
+        ) from None
+
+
+def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a UTF-8 file, its line end kept; errors name the file and line."""
     if not os.path.isfile(path):
         raise TranslationDataError(f"{path}: no such file")
-    # decoded line by line (not by the text layer's chunks), so that an error names the line it is on
     with open(path, "rb") as file:
-        for line_number, raw in enumerate(file, 1):
-            try:
-                yield line_number, raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise TranslationDataError(f"{path}:{line_number}: not UTF-8 text ({error.reason})") from None
+        yield from decoded_lines(file, path)
+
+
+def decoded_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[tuple[int, str]]:
+    """`raw_lines` (a binary file or stream) decoded as UTF-8 line by line, not by the text layer's chunks, so that
+    an error names the line it is on. Lines end at b"\\n" only: str.splitlines would also split at U+2028 or
+    U+0085 inside a sentence, and a translation would no longer be on its source's line."""
+    for line_number, raw in enumerate(raw_lines, 1):
+        try:
+            # a byte-order mark (Windows editors write one) is not part of the first line's text
+            yield line_number, raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+        except UnicodeDecodeError as error:
+            raise TranslationDataError(
+                f"{name}:{line_number}: not UTF-8 text ({error.reason} at byte {error.start + 1} of the line)"
+            ) from None
 
 
 def _shorten(value, limit: int = 60) -> str:

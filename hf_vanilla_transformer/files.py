@@ -22,11 +22,17 @@ def check_output_dir(output_dir: str, overwrite_output_dir: bool) -> None:
 
 
 def write_text_atomically(path: str, text: str) -> None:
-    """Write `text` to `PATH.partial`, then rename it to `path`: a reader never sees half a file."""
+    """Write `text` to `PATH.partial`, then rename it to `path`: a reader never sees half a file, and an interrupted
+    write (an error, Ctrl-C) removes what it wrote."""
     temporary = f"{path}.partial"
-    with open(temporary, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
 
 
 @contextmanager

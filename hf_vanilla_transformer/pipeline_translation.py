@@ -59,7 +59,10 @@ class TranslationPipeline(Pipeline):
     def preprocess(self, text: str, truncation: bool = True):
         if not isinstance(text, str):
             raise ValueError(f"TranslationPipeline translates strings, got {type(text).__name__}")
-        return self.tokenizer(text, return_tensors="pt", truncation=truncation)
+        # the model's positions bound the source too, where the tokenizer's model_max_length is unset or larger
+        positions = getattr(self.model.config, "max_position_embeddings", None)
+        max_length = min(filter(None, (self.tokenizer.model_max_length, positions)), default=None)
+        return self.tokenizer(text, return_tensors="pt", truncation=truncation, max_length=max_length)
 
     def _forward(self, model_inputs, **generate_kwargs):
         input_count = model_inputs["input_ids"].shape[0]

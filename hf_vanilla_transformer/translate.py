@@ -11,17 +11,21 @@ model's own (for ours the paper's: beam 4, length penalty 0.6, at most source le
 
 import argparse
 import io
-import os
+import logging
+import signal
 import sys
 
 from tqdm.auto import tqdm
 
 from hf_vanilla_transformer.cli import command_line_error
-from hf_vanilla_transformer.errors import ParameterError
+from hf_vanilla_transformer.data import decoded_lines, numbered_lines
 from hf_vanilla_transformer.files import write_text_atomically
+from hf_vanilla_transformer.loading import load_model_and_tokenizer
+
+logger = logging.getLogger("vanilla-translate")
 
 # the parameters of the functions below that the command line sets with a flag of another name
-FLAGS = {"path": "input", "model_path": "model"}
+FLAGS = {"model_path": "model"}
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,9 +42,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_arguments(argv)
-    for stream in (sys.stdin, sys.stdout):
-        if isinstance(stream, io.TextIOWrapper):  # standard input and output are UTF-8 too, whatever the locale says
-            stream.reconfigure(encoding="utf-8")
+    # a SIGTERM (a job scheduler's stop) unwinds like Ctrl-C, so that no half-written output is left behind
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
+        sys.stdout.reconfigure(encoding="utf-8")
     try:
         lines = read_lines(args.input)
         translator = load_translator(args.model, args.device)
@@ -54,15 +59,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def read_lines(path: str) -> list[str]:
-    if path == "-":
-        return sys.stdin.read().splitlines()
-    if not os.path.isfile(path):
-        raise ParameterError(f"path {path}: no such file", "path")
-    try:
-        with open(path, encoding="utf-8") as file:
-            return file.read().splitlines()
-    except UnicodeDecodeError as error:
-        raise ParameterError(f"path {path}: not UTF-8 text ({error.reason} at byte {error.start})", "path") from None
+    """The lines of a UTF-8 file ('-': standard input, read as bytes whatever the locale), blank ones included."""
+    numbered = decoded_lines(sys.stdin.buffer, "standard input") if path == "-" else numbered_lines(path)
+    return [line.rstrip("\r\n") for _, line in numbered]
 
 
 def load_translator(model_path: str, device: str | None):
@@ -73,24 +72,19 @@ def load_translator(model_path: str, device: str | None):
     return TranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
 
 
-def load_model_and_tokenizer(model_path: str, device: str | None = None):
-    """The folder's model (on `device`; default: cuda if available) and tokenizer; a clear error if it holds none."""
-    if not os.path.isfile(os.path.join(model_path, "config.json")):
-        raise ParameterError(f"model_path {model_path}: not a model folder (no config.json)", "model_path")
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    import hf_vanilla_transformer  # noqa: F401  (registers our model with the auto classes)
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_path).to(device)
-    return model, AutoTokenizer.from_pretrained(model_path)
-
-
 def translate_lines(translator, lines: list[str], batch_size: int, generate_kwargs: dict, show_progress: bool):
-    """Translations of `lines`, in order; blank lines give empty lines. Batches hold sentences of similar length."""
+    """Translations of `lines`, in order; blank lines give empty lines. Batches hold sentences of similar length.
+    Only strings are kept, never a batch's tensors, so memory grows with the text alone."""
     todo = [i for i, line in enumerate(lines) if line.strip()]
-    lengths = [len(ids) for ids in translator.tokenizer([lines[i] for i in todo])["input_ids"]] if todo else []
+    lengths = token_counts(translator.tokenizer, [lines[i] for i in todo])
+    positions = translator.model.config.max_position_embeddings
+    too_long = [index + 1 for index, length in zip(todo, lengths, strict=True) if length > positions]
+    if too_long:
+        logger.warning(
+            "%d line(s) have more tokens than the model's %d positions; only their first %d are translated "
+            "(line %s%s)",
+            len(too_long), positions, positions, too_long[0], ", ..." if len(too_long) > 1 else "",
+        )  # fmt: skip
     order = [todo[j] for j in sorted(range(len(todo)), key=lengths.__getitem__, reverse=True)]
     translations = [""] * len(lines)
     outputs = translator((lines[i] for i in order), batch_size=batch_size, **generate_kwargs)
@@ -99,6 +93,15 @@ def translate_lines(translator, lines: list[str], batch_size: int, generate_kwar
     ):
         translations[index] = output[0]["translation_text"]
     return translations
+
+
+def token_counts(tokenizer, texts: list[str], chunk: int = 4096) -> list[int]:
+    """The number of tokens of each text, tokenized a chunk at a time so that all the ids are never held at once."""
+    return [
+        len(ids)
+        for start in range(0, len(texts), chunk)
+        for ids in tokenizer(texts[start : start + chunk])["input_ids"]
+    ]
 
 
 def write_lines(path: str, lines: list[str]) -> None:

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_arguments(argv)
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(encoding="utf-8")
-    from .translate import load_model_and_tokenizer
+    from .loading import load_model_and_tokenizer
 
     try:
         model, tokenizer = load_model_and_tokenizer(args.model, args.device)

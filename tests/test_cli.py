@@ -1,10 +1,38 @@
 """hf_vanilla_transformer.cli and errors: recipe files, --config_overrides, and library errors told as flags."""
 
-import pytest
+from dataclasses import dataclass, field
 
-from hf_vanilla_transformer.cli import command_line_error, expand_recipe, parse_config_overrides, recipe_flags
+import pytest
+from transformers import HfArgumentParser
+
+from hf_vanilla_transformer.cli import (
+    command_line_error,
+    expand_recipe,
+    parse_config_overrides,
+    parse_flags,
+    recipe_flags,
+)
 from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.files import check_output_dir
+
+@dataclass
+class RecipeArguments:
+    """Flags of each kind a recipe can set: booleans, numbers, a list, a choice."""
+
+    output_dir: str
+    do_train: bool = False
+    do_eval: bool = False
+    fp16: bool = False
+    learning_rate_scale: float = 1.0
+    warmup_steps: int = 4000
+    max_steps: int = -1
+    train_file: list[str] = field(default_factory=list)
+    normalization: str = field(default="NFKC", metadata={"choices": ["NFKC", "NFC"]})
+
+
+def parser() -> HfArgumentParser:
+    return HfArgumentParser(RecipeArguments)
+
 
 RECIPE_FLAGS = [
     "--do_train", "true", "--fp16", "false", "--learning_rate_scale", "0.5", "--warmup_steps", "4000",
@@ -29,7 +57,7 @@ RECIPE_FLAGS = [
 )
 def test_recipe_flags_lowercase_booleans_and_expand_lists(tmp_path, name, text):
     (tmp_path / name).write_text(text, encoding="utf-8")
-    assert recipe_flags(str(tmp_path / name)) == RECIPE_FLAGS
+    assert recipe_flags(str(tmp_path / name), parser()) == RECIPE_FLAGS
 
 
 @pytest.mark.parametrize(
@@ -46,19 +74,19 @@ def test_recipe_errors_name_the_file(tmp_path, name, text, message):
     if text is not None:
         (tmp_path / name).write_text(text, encoding="utf-8")
     with pytest.raises(ValueError, match=message):
-        recipe_flags(str(tmp_path / name))
+        recipe_flags(str(tmp_path / name), parser())
 
 
 def test_expand_recipe_puts_the_recipes_flags_before_the_others(tmp_path):
     (tmp_path / "recipe.yml").write_text("max_steps: 100\ndo_eval: true\n", encoding="utf-8")
     recipe = str(tmp_path / "recipe.yml")
     from_recipe = ["--max_steps", "100", "--do_eval", "true"]
-    assert expand_recipe([recipe, "--max_steps", "5"]) == [*from_recipe, "--max_steps", "5"]
-    assert expand_recipe([recipe]) == from_recipe
+    assert expand_recipe([recipe, "--max_steps", "5"], parser()) == [*from_recipe, "--max_steps", "5"]
+    assert expand_recipe([recipe], parser()) == from_recipe
     # only a first argument is a recipe; anything else is left as it is
-    assert expand_recipe(["--train_file", "train.json"]) == ["--train_file", "train.json"]
-    assert expand_recipe(["--max_steps", "5", recipe]) == ["--max_steps", "5", recipe]
-    assert expand_recipe([]) == []
+    assert expand_recipe(["--train_file", "train.json"], parser()) == ["--train_file", "train.json"]
+    assert expand_recipe(["--max_steps", "5", recipe], parser()) == ["--max_steps", "5", recipe]
+    assert expand_recipe([], parser()) == []
 
 
 def test_parse_config_overrides_reads_yaml_scalars():

@@ -59,13 +59,14 @@ def test_a_file_that_is_not_utf8_or_not_there(tmp_path):
     path.write_bytes(row("A little man.", "Ein Männchen.").encode("latin-1") + b"\n")
     with pytest.raises(TranslationDataError) as error:
         list(read_translation_file(str(path), "en", "de"))
-    assert str(error.value) == f"{path}:1: not UTF-8 text (invalid continuation byte)"
+    column = row("A little man.", "Ein M").encode().index(b"M") + 2  # the byte after "M", counted from 1
+    assert str(error.value) == f"{path}:1: not UTF-8 text (invalid continuation byte at byte {column} of the line)"
     later = tmp_path / "later.jsonl"  # the line is counted exactly, also past the reader's first chunk
     good = row("A cat.", "Eine Katze.").encode() + b"\n"
     later.write_bytes(good * 3000 + row("A little man.", "Ein Männchen.").encode("latin-1") + b"\n")
     with pytest.raises(TranslationDataError) as error:
         list(read_translation_file(str(later), "en", "de"))
-    assert str(error.value) == f"{later}:3001: not UTF-8 text (invalid continuation byte)"
+    assert str(error.value) == f"{later}:3001: not UTF-8 text (invalid continuation byte at byte {column} of the line)"
     with pytest.raises(TranslationDataError, match=r"missing.jsonl: no such file$"):
         list(read_translation_file(str(tmp_path / "missing.jsonl"), "en", "de"))
 
