@@ -118,6 +118,8 @@ def _json_row(line: str, where: str):
         ) from None
     except RecursionError:
         raise TranslationDataError(f"{where}: not a translation row (JSON nested too deeply to read)") from None
+    except TranslationDataError:
+        raise
     except ValueError as error:  # integers of more than 4,300 digits
         raise TranslationDataError(f"{where}: not a translation row ({error})") from None
 
@@ -157,7 +159,9 @@ def decoded_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[tuple[int, 
     for line_number, raw in enumerate(raw_lines, 1):
         try:
             # a byte-order mark (Windows editors write one) is not part of the first line's text
-            yield line_number, raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            text = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            if text:  # empty only for a file that holds a byte-order mark and nothing else
+                yield line_number, text
         except UnicodeDecodeError as error:
             raise TranslationDataError(
                 f"{name}:{line_number}: not UTF-8 text ({error.reason} at byte {error.start + 1} of the line)"

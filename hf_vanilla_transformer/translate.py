@@ -91,7 +91,8 @@ def translate_lines(translator, lines: list[str], batch_size: int, generate_kwar
     for index, output in tqdm(
         zip(order, outputs, strict=False), total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr
     ):
-        translations[index] = output[0]["translation_text"]
+        # a translation is one line of output whatever the model writes, or every later line would be misplaced
+        translations[index] = " ".join(output[0]["translation_text"].splitlines())
     return translations
 
 

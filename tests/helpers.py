@@ -2,6 +2,7 @@
 boundary, and small functions more than one file uses. Fixtures are in conftest.py; tests import these directly
 (`from helpers import ...`: setup.cfg puts tests/ on pytest's pythonpath)."""
 
+import json
 import os
 import random
 import re
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
@@ -206,4 +209,51 @@ def headless_chromium(width: int = 1280, height: int = 1600, timeout: float = 90
 
 def write_lines(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+# Hostile input, for the property tests of every reader (hypothesis). Each entry point must give a result or one
+# line of error naming the file; `FUZZ_EXAMPLES` inputs are tried per entry point in every run of the suite.
+FUZZ_EXAMPLES = 150
+FUZZ_SETTINGS = settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=6,
+)
+HOSTILE_LINES = [
+    b"\xef\xbb\xbf",  # a byte-order mark
+    b"\x00",  # NUL
+    b"\xff\xfe\xed\xa0\x80",  # not UTF-8; an encoded surrogate
+    b"[" * 50_000,  # nesting deeper than the JSON reader's recursion
+    b"9" * 5_000,  # an integer too long for int()
+    b'{"translation": {"en": "a", "en": "b", "de": "c"}}',  # a duplicate key
+    b'{"translation": {"en": "\\ud800", "de": "c"}}',  # a lone surrogate
+    b'{"translation": {"en": "a\\u2028b", "de": "c\\u0085d"}}',  # line separators inside a sentence
+    b"\r",
+]
+RAW_LINES = st.one_of(
+    st.sampled_from(HOSTILE_LINES),
+    st.binary(max_size=40),
+    st.text(max_size=40).map(str.encode),
+    JSON_VALUES.map(lambda value: json.dumps(value).encode()),
+    st.tuples(JSON_VALUES, JSON_VALUES).map(
+        lambda pair: json.dumps({"translation": {"en": pair[0], "de": pair[1]}}).encode()
+    ),
+    st.tuples(st.text(min_size=1), st.text(min_size=1)).map(
+        lambda pair: json.dumps({"translation": {"en": pair[0], "de": pair[1]}}).encode()
+    ),
+)
+
+
+def assert_one_line_error(error: BaseException, *names: str) -> None:
+    """An error a user sees: one line that names the file (or field) it is about."""
+    message = str(error)
+    assert message and "\n" not in message and "Traceback" not in message, message
+    assert any(name in message for name in names), (message, names)
+
+
+def write_bytes_lines(folder: Path, name: str, lines: list[bytes], bom: bool = False) -> str:
+    path = folder / name
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + b"".join(line + b"\n" for line in lines))
     return str(path)

@@ -15,6 +15,7 @@ from hf_vanilla_transformer.cli import (
 from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.files import check_output_dir
 
+
 @dataclass
 class RecipeArguments:
     """Flags of each kind a recipe can set: booleans, numbers, a list, a choice."""
@@ -75,6 +76,37 @@ def test_recipe_errors_name_the_file(tmp_path, name, text, message):
         (tmp_path / name).write_text(text, encoding="utf-8")
     with pytest.raises(ValueError, match=message):
         recipe_flags(str(tmp_path / name), parser())
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("colour: red\n", "'colour' is not a flag of this command"),
+        ("1: 2\n", "1 is not a flag of this command"),
+        ("max_steps: [1, 2]\n", "max_steps: takes one value, not a list of 2"),
+        ("max_steps: {a: 1}\n", "max_steps: {'a': 1} is not a value (a number, a string or true/false)"),
+        ("train_file: [a, [b]]\n", "train_file: ['b'] is not a value (a number, a string or true/false)"),
+        ("max_steps: 1.5\n", "max_steps: 1.5 is not a valid integer"),
+        ("learning_rate_scale: fast\n", "learning_rate_scale: 'fast' is not a valid number"),
+        ("do_train: maybe\n", "do_train: 'maybe' is not a valid true/false"),
+        ("normalization: NFD\n", "normalization: 'NFD' is not one of NFKC, NFC"),
+        ("max_steps: !!python/object/apply:os.system [ls]\n", "not a valid recipe (could not determine a constructor"),
+        ("a: &x [1, 2]\nb: [*x, *x]\n", "'a' is not a flag of this command"),
+    ],
+)
+def test_each_recipe_value_is_checked_as_its_flag_would_be(tmp_path, text, message):
+    (tmp_path / "recipe.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError) as error:
+        recipe_flags(str(tmp_path / "recipe.yaml"), parser())
+    assert str(error.value).startswith(f"{tmp_path / 'recipe.yaml'}: {message}") and "\n" not in str(error.value)
+
+
+def test_a_null_value_leaves_the_flag_at_its_default_and_flag_errors_are_one_line(tmp_path):
+    (tmp_path / "recipe.yaml").write_text("max_steps:\noutput_dir: x\n", encoding="utf-8")
+    assert recipe_flags(str(tmp_path / "recipe.yaml"), parser()) == ["--output_dir", "x"]
+    with pytest.raises(ValueError) as error:
+        parse_flags(parser(), ["--output_dir", "x", "--max_steps", "many"])
+    assert str(error.value) == "argument --max_steps/--max-steps: invalid int value: 'many' (see --help)"
 
 
 def test_expand_recipe_puts_the_recipes_flags_before_the_others(tmp_path):

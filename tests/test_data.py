@@ -3,11 +3,15 @@ name the file and line (or the dataset row) of the first bad input."""
 
 import json
 import re
+import tempfile
+from pathlib import Path
 
 import datasets
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
-from helpers import write_lines
+from helpers import FUZZ_SETTINGS, HOSTILE_LINES, RAW_LINES, assert_one_line_error, write_bytes_lines, write_lines
 from hf_vanilla_transformer.data import (
     TranslationDataError,
     file_sentences,
@@ -69,6 +73,66 @@ def test_a_file_that_is_not_utf8_or_not_there(tmp_path):
     assert str(error.value) == f"{later}:3001: not UTF-8 text (invalid continuation byte at byte {column} of the line)"
     with pytest.raises(TranslationDataError, match=r"missing.jsonl: no such file$"):
         list(read_translation_file(str(tmp_path / "missing.jsonl"), "en", "de"))
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (HOSTILE_LINES[1], r":1: not valid JSON \(Expecting value at column 1\)$"),
+        (HOSTILE_LINES[2], r":1: not UTF-8 text \(invalid start byte at byte 1 of the line\)$"),
+        (HOSTILE_LINES[3], r":1: not a translation row \(JSON nested too deeply to read\)$"),
+        (HOSTILE_LINES[4], r":1: not a translation row \(Exceeds the limit \(4300 digits\)"),
+        (HOSTILE_LINES[5], r":1: the key 'en' appears twice in one object$"),
+        (HOSTILE_LINES[6], r":1: the 'en' sentence is not Unicode text \(a lone surrogate '\\ud800' at character 1\)$"),
+        (b'{"translation": {"en": "a\x00"}}', r":1: not valid JSON \(Invalid control character at column 26\)"),
+    ],
+)  # fmt: skip
+def test_hostile_rows_are_errors_naming_file_and_line(tmp_path, line, message):
+    path = write_bytes_lines(tmp_path, "hostile.jsonl", [line])
+    with pytest.raises(TranslationDataError, match=re.escape(path) + message):
+        list(read_translation_file(path, "en", "de"))
+
+
+def test_a_byte_order_mark_line_separators_and_a_10_mb_sentence_are_read_as_text(tmp_path):
+    long_sentence = "x" * 10_000_000
+    lines = [row("A cat.", "Eine Katze.").encode(), HOSTILE_LINES[7], row(long_sentence, "lang").encode()]
+    path = write_bytes_lines(tmp_path, "pairs.jsonl", lines, bom=True)
+    assert list(read_translation_file(path, "en", "de")) == [
+        ("A cat.", "Eine Katze."), ("a\u2028b", "c\u0085d"), (long_sentence, "lang")
+    ]  # fmt: skip
+    text = write_bytes_lines(tmp_path, "sentences.txt", [b"A cat.", "a\u2028b \u0085c".encode()], bom=True)
+    assert list(read_text_file(text)) == ["A cat.", "a\u2028b \u0085c"]
+
+
+@FUZZ_SETTINGS
+@given(lines=st.lists(RAW_LINES, max_size=5), bom=st.booleans())
+@example(lines=HOSTILE_LINES, bom=False)
+def test_any_translation_file_gives_checked_pairs_or_one_line_naming_file_and_line(lines, bom):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_bytes_lines(Path(folder), "fuzz.jsonl", lines, bom)
+        try:
+            pairs = list(read_translation_file(path, "en", "de"))
+        except TranslationDataError as error:
+            assert_one_line_error(error, f"{path}:", f"{path}: no sentence pairs")
+            return
+    assert 0 < len(pairs) <= len(lines)
+    for pair in pairs:
+        for sentence in pair:
+            assert isinstance(sentence, str) and sentence.strip() and sentence.encode("utf-8")
+
+
+@FUZZ_SETTINGS
+@given(lines=st.lists(RAW_LINES, max_size=5), bom=st.booleans())
+def test_any_text_file_gives_its_non_blank_lines_or_one_line_naming_file_and_line(lines, bom):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_bytes_lines(Path(folder), "fuzz.txt", lines, bom)
+        try:
+            sentences = list(read_text_file(path))
+        except TranslationDataError as error:
+            assert_one_line_error(error, f"{path}:", f"{path}: no sentences")
+            return
+        text = Path(path).read_bytes().decode("utf-8-sig")
+    assert sentences == [line.rstrip("\r") for line in text.split("\n") if line.strip()]
 
 
 def test_read_text_file_yields_the_non_blank_lines(tmp_path):

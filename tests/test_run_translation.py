@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,11 +15,26 @@ import torch
 import yaml
 from datasets import Dataset
 from huggingface_hub import ModelCard
+from hypothesis import event, given
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 import run_translation
-from helpers import CHINESE_CHARACTER, CHINESE_RUN, REPO_ROOT, TATOEBA_EN_ZH, TEST, TRAIN, write_lines
+from helpers import (
+    CHINESE_CHARACTER,
+    CHINESE_RUN,
+    FUZZ_SETTINGS,
+    HOSTILE_LINES,
+    JSON_VALUES,
+    REPO_ROOT,
+    TATOEBA_EN_ZH,
+    TEST,
+    TRAIN,
+    assert_one_line_error,
+    write_bytes_lines,
+    write_lines,
+)
 from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
@@ -242,6 +258,47 @@ def test_existing_output_dir_needs_overwrite(tmp_path):
     with pytest.raises(SystemExit, match="exists and is not empty; add --overwrite_output_dir"):
         run_translation.main(["--train_file", TRAIN, "--do_train", "--output_dir", str(tmp_path / "out")])
     assert (tmp_path / "out" / "model.safetensors").read_text() == "earlier"
+
+
+@pytest.mark.parametrize("line", HOSTILE_LINES[1:7])
+def test_a_hostile_training_file_stops_the_command_in_one_line_naming_file_and_line(tmp_path, line):
+    output = tmp_path / "out"
+    train_file = write_bytes_lines(tmp_path, "train.jsonl", [GOOD.encode(), line])
+    with pytest.raises(SystemExit) as exit_info:
+        run_translation.main(["--train_file", train_file, "--do_train", "--output_dir", str(output)])
+    assert_one_line_error(exit_info.value.code, f"run_translation.py: error: {train_file}:2: ")
+    assert not output.exists()
+
+
+RECIPE_KEYS = ["max_steps", "do_train", "train_file", "learning_rate_scale", "normalization", "preset", "fp16",
+               "output_dir", "label_smoothing_factor", "average_last_checkpoints", "seed"]  # fmt: skip
+
+
+@FUZZ_SETTINGS
+@given(
+    recipe=st.one_of(
+        st.dictionaries(st.sampled_from(RECIPE_KEYS) | st.text(max_size=8), JSON_VALUES, max_size=4),
+        JSON_VALUES,
+    ),
+    form=st.sampled_from(["yaml", "json", "text"]),
+)
+def test_any_recipe_parses_or_is_one_line_naming_the_recipe(recipe, form):
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / ("recipe.json" if form == "json" else "recipe.yaml")
+        if form == "text":
+            path.write_text(str(recipe), encoding="utf-8", errors="surrogatepass")
+        else:
+            path.write_text(json.dumps(recipe) if form == "json" else yaml.safe_dump(recipe), encoding="utf-8",
+                            errors="surrogatepass")  # fmt: skip
+        try:
+            run_translation.parse_arguments([str(path), "--output_dir", folder])
+            event("parsed")
+        except ValueError as error:
+            event("refused")
+            names = (
+                [str(path), *(f"--{key}" for key in recipe if isinstance(key, str))] if isinstance(recipe, dict) else []
+            )
+            assert_one_line_error(error, str(path), *names)
 
 
 def test_recipe_file_with_overrides(tmp_path):

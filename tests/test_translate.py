@@ -4,8 +4,24 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
-from helpers import CHINESE_CHARACTER, SENTENCES, generate_text
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from helpers import (
+    CHINESE_CHARACTER,
+    FUZZ_SETTINGS,
+    RAW_LINES,
+    SENTENCES,
+    assert_one_line_error,
+    generate_text,
+    write_bytes_lines,
+)
+from hf_vanilla_transformer.data import TranslationDataError
+from hf_vanilla_transformer.translate import load_translator, read_lines, translate_lines
 
 
 def vanilla_translate(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -59,4 +75,72 @@ def test_translate_command_errors(trained_run, tmp_path):
     assert missing_input.returncode == 1 and "none.txt: no such file" in missing_input.stderr
     (tmp_path / "latin1.txt").write_bytes("Ein Männchen\n".encode("latin-1"))
     not_utf8 = vanilla_translate("--model", str(trained_run.output), "--input", str(tmp_path / "latin1.txt"))
-    assert not_utf8.returncode == 1 and "latin1.txt: not UTF-8 text" in not_utf8.stderr
+    assert not_utf8.returncode == 1 and "latin1.txt:1: not UTF-8 text (invalid continuation byte" in not_utf8.stderr
+
+
+@pytest.fixture(scope="module")
+def translator(trained_run):
+    return load_translator(str(trained_run.output), "cpu")
+
+
+@FUZZ_SETTINGS
+@given(lines=st.lists(st.text(max_size=30) | st.sampled_from(["\u2028", "a\x85b", "\r", "\x00", " ", "🙂" * 40]),
+                      max_size=6))  # fmt: skip
+def test_any_lines_give_one_line_of_translation_each(translator, lines):
+    translations = translate_lines(translator, lines, 4, {"num_beams": 1, "max_new_tokens": 4}, show_progress=False)
+    assert len(translations) == len(lines)
+    for line, translation in zip(lines, translations, strict=True):
+        assert len(translation.splitlines()) <= 1
+        assert translation == "" if not line.strip() else isinstance(translation, str)
+
+
+@FUZZ_SETTINGS
+@given(lines=st.lists(RAW_LINES, max_size=5), bom=st.booleans())
+def test_any_input_file_is_its_lines_or_one_line_naming_file_and_line(lines, bom):
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_bytes_lines(Path(folder), "input.txt", lines, bom)
+        try:
+            read = read_lines(path)
+        except TranslationDataError as error:
+            assert_one_line_error(error, f"{path}:")
+            return
+        text = Path(path).read_bytes().decode("utf-8-sig")
+    assert read == [line.rstrip("\r") for line in text.split("\n")[:-1]]
+
+
+def test_binary_input_a_broken_model_and_blank_lines_end_cleanly(trained_run, tmp_path):
+    output = tmp_path / "out.txt"
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(bytes(range(256)) * 4)  # line 2 starts after the newline (byte 11); 0x80 is its byte 118
+    result = vanilla_translate("--model", str(trained_run.output), "--input", str(binary), "--output", str(output))
+    assert result.returncode == 1 and not output.exists()
+    assert result.stderr.strip().splitlines() == [
+        f"vanilla-translate: error: {binary}:2: not UTF-8 text (invalid start byte at byte 118 of the line)"
+    ]
+    broken = tmp_path / "model"
+    shutil.copytree(trained_run.output, broken)
+    (broken / "model.safetensors").write_bytes((broken / "model.safetensors").read_bytes()[:1000])
+    result = vanilla_translate("--model", str(broken), "--output", str(output), stdin="A dog.\n")
+    assert result.returncode == 1 and not output.exists()
+    assert result.stderr.strip().splitlines() == [
+        f"vanilla-translate: error: {broken}/model.safetensors: not a readable safetensors file "
+        "(Error while deserializing header: invalid header length)"
+    ]  # fmt: skip
+    result = vanilla_translate("--model", str(trained_run.output), "--output", str(output), stdin="\n  \n\n")
+    assert result.returncode == 0 and output.read_text() == "\n\n\n"
+
+
+def test_a_line_longer_than_the_model_is_translated_from_its_start_with_a_warning(trained_run, tmp_path):
+    """A 10 MB line: tokenized in full, translated from its first max_position_embeddings tokens, on its own line."""
+    long_line = " ".join(["A man is sleeping."] * 500_000)
+    (tmp_path / "in.txt").write_text(f"{SENTENCES[0]}\n{long_line}\n{SENTENCES[1]}\n", encoding="utf-8")
+    output = tmp_path / "out.txt"
+    result = vanilla_translate("--model", str(trained_run.output), "--input", str(tmp_path / "in.txt"), "--output",
+                               str(output), "--num_beams", "1", "--max_new_tokens", "8")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (
+        "1 line(s) have more tokens than the model's 1024 positions; only their first 1024 are translated (line 2)"
+        in result.stderr
+    )
+    lines = output.read_text().split("\n")
+    assert len(lines) == 4 and lines[3] == "" and all(lines[:3])

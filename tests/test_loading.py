@@ -1,0 +1,183 @@
+"""hf_vanilla_transformer.loading: a model folder from someone else loads checked, or fails in one line naming the
+file, before memory is spent on it and without running the folder's code."""
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import event, given
+from hypothesis import strategies as st
+from safetensors.torch import load_file, save_file
+
+from helpers import FUZZ_SETTINGS, JSON_VALUES, assert_one_line_error, letter_tokenizer, tiny_model
+from hf_vanilla_transformer.loading import ModelFolderError, load_model, load_model_and_tokenizer, load_tokenizer
+
+FOLDER_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("model")
+    tiny_model().save_pretrained(folder)
+    letter_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def broken_copy(model_folder: Path, destination: Path) -> Path:
+    shutil.copytree(model_folder, destination)
+    return destination
+
+
+def edit_config(folder: Path, **values) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **values}))
+
+
+def edit_weights(folder: Path, edit) -> None:
+    weights = load_file(folder / "model.safetensors")
+    edit(weights)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_a_sound_folder_loads_the_same_model_and_tokenizer(model_folder):
+    model, tokenizer = load_model_and_tokenizer(str(model_folder), "cpu")
+    expected = tiny_model().state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in model.state_dict().items())
+    assert tokenizer("a b")["input_ids"] == [4, 5, 2]
+
+
+def set_nan(weights):
+    weights["model.shared.weight"][0, 0] = float("nan")
+
+
+def set_inf(weights):
+    weights["model.decoder.layers.0.feed_forward.fc1.weight"][1, 2] = float("inf")
+
+
+def drop_bias(weights):
+    del weights["model.encoder.layers.1.feed_forward.fc2.bias"]
+
+
+def reshape_fc1(weights):
+    weights["model.decoder.layers.0.feed_forward.fc1.weight"] = torch.zeros(3, 3)
+
+
+@pytest.mark.parametrize(
+    "break_folder, file, message",
+    [
+        (lambda f: edit_config(f, d_model=10**12), "config.json", "describes a model of at least 531,000,000,000,000 "
+         "weights, but {folder}/model.safetensors holds 50,968; they do not belong together"),
+        (lambda f: edit_config(f, encoder_layers=10**9), "config.json", "describes a model of at least"),
+        (lambda f: edit_config(f, max_position_embeddings=2**60), "config.json", "needs at least"),
+        (lambda f: edit_config(f, layer_norm_eps=float("inf")), "config.json",
+         "VanillaTransformerConfig.layer_norm_eps=inf is invalid: it must be positive and finite"),
+        (lambda f: edit_config(f, dropout=float("nan")), "config.json", "dropout=nan is invalid: it must be in [0, 1)"),
+        (lambda f: edit_config(f, d_model="32"), "config.json", "d_model='32' is invalid: it has the wrong type"),
+        (lambda f: edit_config(f, model_type="bert"), "config.json", "model_type 'bert' is not a sequence-to-sequence"),
+        (lambda f: edit_config(f, model_type=None), "config.json", "no model_type"),
+        (lambda f: (f / "config.json").write_text("[1, 2]"), "config.json", "holds a JSON list, not an object"),
+        (lambda f: (f / "config.json").write_bytes(b"\x00\xff"), "config.json", "not a valid JSON file"),
+        (lambda f: edit_weights(f, set_nan), "model.safetensors", "model.shared.weight holds NaN or infinite values"),
+        (lambda f: edit_weights(f, set_inf), "model.safetensors",
+         "model.decoder.layers.0.feed_forward.fc1.weight holds NaN or infinite values"),
+        (lambda f: edit_weights(f, drop_bias), "model.safetensors",
+         "1 weights missing, the first model.encoder.layers.1.feed_forward.fc2.bias"),
+        (lambda f: edit_weights(f, reshape_fc1), "model.safetensors",
+         "model.decoder.layers.0.feed_forward.fc1.weight has shape [3, 3], but config.json makes it [40, 32]"),
+        (lambda f: (f / "model.safetensors").write_bytes(b"\x10"), "model.safetensors",
+         "not a readable safetensors file (Error while deserializing header: header too small)"),
+        (lambda f: (f / "model.safetensors").unlink(), "model.safetensors", "no file named model.safetensors"),
+        (lambda f: (f / "tokenizer.json").write_text('{"version": '), "tokenizer.json", "not a valid JSON file"),
+        (lambda f: (f / "tokenizer.json").unlink(), None,
+         "no usable tokenizer (no tokenizer.json, and transformers could build none from the other files)"),
+    ],
+)  # fmt: skip
+def test_each_broken_folder_is_one_line_naming_the_file(model_folder, tmp_path, break_folder, file, message):
+    folder = broken_copy(model_folder, tmp_path / "broken")
+    break_folder(folder)
+    with pytest.raises(ModelFolderError) as error:
+        load_model_and_tokenizer(str(folder), "cpu")
+    assert_one_line_error(error.value, str(folder))
+    if file is not None:
+        assert str(error.value).startswith(f"{folder}/{file}: ")
+    assert message.format(folder=folder) in str(error.value)
+
+
+def test_a_folder_is_never_asked_to_run_its_own_code(model_folder, tmp_path):
+    """A config naming code of its own (auto_map) for an unknown model type is refused, not run or prompted for."""
+    folder = broken_copy(model_folder, tmp_path / "remote")
+    edit_config(folder, model_type="not_registered", auto_map={"AutoConfig": "evil.Config"})
+    (folder / "evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\n")
+    with pytest.raises(ModelFolderError, match="model_type 'not_registered', which transformers does not know"):
+        load_model(str(folder), "cpu")
+    assert not (tmp_path / "ran").exists()
+
+
+def test_the_errors_name_the_callers_parameter_for_a_missing_folder(tmp_path):
+    with pytest.raises(ModelFolderError, match=r"^model_name_or_path \S+: not a model folder \(no config.json\)$"):
+        load_model(str(tmp_path / "none"), "cpu", "model_name_or_path")
+    with pytest.raises(ModelFolderError, match=r"^tokenizer_name \S+: no such folder$") as error:
+        load_tokenizer(str(tmp_path / "none"))
+    assert error.value.parameters == ("tokenizer_name",)
+
+
+# integers of sizes that fit in memory, and far beyond it; those between build a real, large model, which is no error
+CONFIG_VALUES = st.one_of(JSON_VALUES, st.integers(-3, 3000), st.integers(2**40, 2**70), st.sampled_from([1e300, -0.0]))
+
+
+@FUZZ_SETTINGS
+@given(changes=st.dictionaries(st.sampled_from(sorted(json.loads(tiny_model().config.to_json_string()))), CONFIG_VALUES,
+                               min_size=1, max_size=3))  # fmt: skip
+def test_any_config_json_loads_a_usable_model_or_is_one_line_naming_the_folder(model_folder, changes):
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = broken_copy(model_folder, Path(scratch) / "fuzz")
+        edit_config(folder, **changes)
+        try:
+            model = load_model(str(folder), "cpu")
+        except ModelFolderError as error:
+            assert_one_line_error(error, str(folder))
+            event("refused")
+            return
+    event("loaded")
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([[4, 5, 2]]), decoder_input_ids=torch.tensor([[0, 4]])).logits
+    assert torch.isfinite(logits).all()
+
+
+@FUZZ_SETTINGS
+@given(
+    file=st.sampled_from(FOLDER_FILES),
+    damage=st.one_of(
+        st.tuples(st.just("truncate"), st.floats(0, 1)),
+        st.tuples(st.just("flip"), st.floats(0, 1)),
+        st.tuples(st.just("replace"), st.binary(max_size=64)),
+        st.tuples(st.just("delete"), st.none()),
+    ),
+)
+def test_any_damaged_file_loads_or_is_one_line_naming_the_folder(model_folder, file, damage):
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = broken_copy(model_folder, Path(scratch) / "fuzz")
+        path = folder / file
+        content = path.read_bytes()
+        kind, value = damage
+        if kind == "truncate":
+            path.write_bytes(content[: int(len(content) * value)])
+        elif kind == "flip":
+            position = min(int(len(content) * value), len(content) - 1)
+            path.write_bytes(content[:position] + bytes([content[position] ^ 0xFF]) + content[position + 1 :])
+        elif kind == "replace":
+            path.write_bytes(value)
+        else:
+            path.unlink()
+        try:
+            model, tokenizer = load_model_and_tokenizer(str(folder), "cpu")
+        except ModelFolderError as error:
+            assert_one_line_error(error, str(folder))
+            event("refused")
+            return
+    event("loaded")
+    assert all(torch.isfinite(tensor).all() for tensor in model.state_dict().values() if tensor.is_floating_point())
+    assert tokenizer.decode(tokenizer("a b")["input_ids"], skip_special_tokens=True).replace(" ", "") in ("ab", "")
