@@ -5,6 +5,8 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -156,3 +158,18 @@ def decode_all(model, batches, **generate_kwargs):
                 model.generate(**batch, **generate_kwargs)
 
     return run
+
+
+def run_with_peak_rss(command: list[str], **run_kwargs) -> tuple[subprocess.CompletedProcess, int]:
+    """Run `command` and return its result and its peak resident memory in bytes (the kernel's own count, through a
+    Python parent that runs nothing else: `ru_maxrss` of its children)."""
+    parent = (
+        "import resource, subprocess, sys\n"
+        "code = subprocess.run(sys.argv[1:]).returncode\n"
+        "sys.stderr.write(f'\\npeak_rss_kb={resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n')\n"
+        "sys.exit(code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", parent, *command], capture_output=True, text=True, **run_kwargs)
+    stderr, _, peak = result.stderr.rstrip("\n").rpartition("\npeak_rss_kb=")
+    result.stderr = stderr
+    return result, int(peak) * 1024

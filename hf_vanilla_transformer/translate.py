@@ -40,17 +40,36 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM (a job scheduler's stop): unwinds like KeyboardInterrupt, so no half-written output stays."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.exit_code = 128 + signum
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_arguments(argv)
-    # a SIGTERM (a job scheduler's stop) unwinds like Ctrl-C, so that no half-written output is left behind
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
-        sys.stdout.reconfigure(encoding="utf-8")
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, _raise_interrupted)
     try:
-        lines = read_lines(args.input)
-        translator = load_translator(args.model, args.device)
+        translate_file(args)
+    except Interrupted as interruption:
+        print("\nvanilla-translate: interrupted; nothing was written", file=sys.stderr)
+        sys.exit(interruption.exit_code)
     except (OSError, ValueError) as error:
         sys.exit(f"vanilla-translate: error: {command_line_error(error, FLAGS)}")
+
+
+def translate_file(args: argparse.Namespace) -> None:
+    if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
+        sys.stdout.reconfigure(encoding="utf-8")
+    lines = read_lines(args.input)
+    translator = load_translator(args.model, args.device)
     generate_kwargs = {
         key: value for key, value in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens)) if value
     }

@@ -1,26 +1,32 @@
 """The vanilla-translate command (hf_vanilla_transformer/translate.py)."""
 
+import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.common import run_with_peak_rss
 from helpers import (
     CHINESE_CHARACTER,
     FUZZ_SETTINGS,
     RAW_LINES,
     SENTENCES,
+    TRAIN,
     assert_one_line_error,
     generate_text,
     write_bytes_lines,
+    write_lines,
 )
-from hf_vanilla_transformer.data import TranslationDataError
+from hf_vanilla_transformer.data import TranslationDataError, read_translation_file
 from hf_vanilla_transformer.translate import load_translator, read_lines, translate_lines
 
 
@@ -144,3 +150,49 @@ def test_a_line_longer_than_the_model_is_translated_from_its_start_with_a_warnin
     )
     lines = output.read_text().split("\n")
     assert len(lines) == 4 and lines[3] == "" and all(lines[:3])
+
+
+def multi30k_lines(count: int) -> list[str]:
+    """`count` English lines: Multi30k's training sources, repeated."""
+    sources = [source for source, _ in read_translation_file(TRAIN, "en", "de")]
+    return list(itertools.islice(itertools.cycle(sources), count))
+
+
+FAST = ["--num_beams", "1", "--max_new_tokens", "8", "--batch_size", "256"]
+
+
+def test_two_hundred_thousand_lines_in_memory_that_grows_with_the_text_alone(trained_run, tmp_path):
+    """Only strings are kept (never a batch's tensors): 180,000 more lines cost well under 1 KB each."""
+    peaks = {}
+    for count in (20_000, 200_000):
+        source = write_lines(tmp_path / f"{count}.en", multi30k_lines(count))
+        output = tmp_path / f"{count}.de"
+        command = [shutil.which("vanilla-translate"), "--model", str(trained_run.output), "--input", source,
+                   "--output", str(output), *FAST]  # fmt: skip
+        result, peaks[count] = run_with_peak_rss(command, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        translations = output.read_text(encoding="utf-8").split("\n")
+        assert len(translations) == count + 1 and translations[-1] == "" and all(translations[:-1])
+    assert translations[:2000] == (tmp_path / "20000.de").read_text(encoding="utf-8").split("\n")[:2000]
+    assert (peaks[200_000] - peaks[20_000]) / 180_000 < 1024, peaks
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_translation_leaves_no_output(trained_run, tmp_path, stop):
+    source = write_lines(tmp_path / "in.en", multi30k_lines(100_000))
+    output = tmp_path / "out.de"
+    translating = subprocess.Popen(
+        [shutil.which("vanilla-translate"), "--model", str(trained_run.output), "--input", source,
+         "--output", str(output), *FAST],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    progress = ""
+    while "sentence/s" not in progress and time.monotonic() < deadline:  # stopped mid-translation, not at start-up
+        progress += translating.stderr.read(64)
+    translating.send_signal(stop)
+    stderr = progress + translating.stderr.read()
+    assert translating.wait(timeout=60) == 128 + stop
+    assert stderr.rstrip().splitlines()[-1] == "vanilla-translate: interrupted; nothing was written"
+    assert "Traceback" not in stderr
+    assert os.listdir(tmp_path) == ["in.en"]
