@@ -213,9 +213,14 @@ def write_lines(path, lines):
 
 
 # Hostile input, for the property tests of every reader (hypothesis). Each entry point must give a result or one
-# line of error naming the file; `FUZZ_EXAMPLES` inputs are tried per entry point in every run of the suite.
-FUZZ_EXAMPLES = 150
-FUZZ_SETTINGS = settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# line of error naming the file. Every run of the suite tries the same 150 inputs per entry point (derandomized, so
+# that CI cannot fail by chance); FUZZ_EXAMPLES=2000 FUZZ_RANDOM=1 tries more, and new ones each run.
+FUZZ_SETTINGS = settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)),
+    deadline=None,
+    derandomize=os.environ.get("FUZZ_RANDOM") != "1",
+    suppress_health_check=[HealthCheck.too_slow],
+)
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),

@@ -1,7 +1,9 @@
 """demo/app.py as people use it: served on a loopback port, driven in a real headless Chromium, called through
 gradio_client, and published as a Space."""
 
+import hashlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import pytest
 import yaml
 from matplotlib.image import imread
 
+from bench.common import multi30k_sources
 from helpers import REPO_ROOT, SENTENCES, generate_text, headless_chromium
 from hf_vanilla_transformer.visualize import STEP_COLUMNS
 
@@ -106,6 +109,29 @@ def test_the_api_answers_gradio_client(demo_url, expected):
     assert finished[1].removesuffix("</s>").strip() == translation
     with pytest.raises(AppError, match="the sentence is empty"):
         client.predict("  ", api_name="/translate")
+
+
+def test_a_hundred_concurrent_requests_each_get_the_sequential_answer(demo_url):
+    """100 requests over loopback at once (10 sentences, each 10 times, shuffled): every one is answered, with the
+    translation, picture and steps that the same sentence gets alone."""
+    from gradio_client import Client
+
+    sentences = multi30k_sources("test")[:10]
+    client = Client(demo_url, verbose=False)
+    alone = {sentence: answer(client.predict(sentence, api_name="/translate")) for sentence in sentences}
+    requests = sentences * 10
+    random.Random(0).shuffle(requests)
+    clients = [Client(demo_url, verbose=False) for _ in range(4)]  # several connections, as several people would
+    jobs = [clients[i % 4].submit(sentence, api_name="/translate") for i, sentence in enumerate(requests)]
+    answers = [answer(job.result(timeout=600)) for job in jobs]
+    assert answers == [alone[sentence] for sentence in requests]
+
+
+def answer(result) -> tuple:
+    """What a person sees: the translation, the picture's pixels and the table of steps."""
+    translation, picture, steps = result
+    with open(picture, "rb") as file:
+        return translation, hashlib.sha256(file.read()).hexdigest(), steps["data"]
 
 
 def test_a_missing_model_is_one_clear_line(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import train_bpe
-from helpers import REPO_ROOT, TRAIN, round_trip, write_lines
+from helpers import HOSTILE_LINES, REPO_ROOT, TRAIN, assert_one_line_error, round_trip, write_bytes_lines, write_lines
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -103,6 +103,16 @@ def test_bad_input_is_one_clear_error_and_leaves_no_folder(tmp_path, make_input,
     assert re.search(message, str(exit_info.value.code)), exit_info.value.code
     assert not output.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+@pytest.mark.parametrize("line", HOSTILE_LINES[1:7])
+def test_a_hostile_line_stops_it_in_one_line_naming_file_and_line(tmp_path, line):
+    good = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}}).encode()
+    train_file = write_bytes_lines(tmp_path, "train.jsonl", [good, line])
+    with pytest.raises(SystemExit) as exit_info:
+        train_bpe.main(["--train_file", train_file, "--output_dir", str(tmp_path / "out")])
+    assert_one_line_error(exit_info.value.code, f"train_bpe.py: error: {train_file}:2: ")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["train.jsonl"]
 
 
 def test_a_late_error_leaves_no_folder_and_an_existing_one_untouched(tmp_path):
