@@ -6,7 +6,8 @@
 Input and output are UTF-8, files and standard streams alike. Lines are sorted by length into batches, so that
 little padding is computed, and written back in input order; an empty line stays an empty line. Decoding is the
 model's own (for ours the paper's: beam 4, length penalty 0.6, at most source length + 50 tokens) unless
---num_beams or --max_new_tokens say otherwise.
+--num_beams or --max_new_tokens say otherwise. A folder written by `hf_vanilla_transformer.export_ctranslate2` is
+translated with CTranslate2 (the [fast] extra), with the same decoding: many times faster on a CPU.
 """
 
 import argparse
@@ -20,7 +21,7 @@ from tqdm.auto import tqdm
 from hf_vanilla_transformer.cli import command_line_error
 from hf_vanilla_transformer.data import decoded_lines, numbered_lines
 from hf_vanilla_transformer.files import write_text_atomically
-from hf_vanilla_transformer.loading import load_model_and_tokenizer
+from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer
 
 logger = logging.getLogger("vanilla-translate")
 
@@ -37,6 +38,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_new_tokens", type=int, default=None, help="Longest translation, in tokens.")
     parser.add_argument("--batch_size", type=int, default=32, help="Sentences translated together.")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
+    fast = parser.add_argument_group("CTranslate2 folders (from hf_vanilla_transformer.export_ctranslate2)")
+    fast.add_argument("--compute_type", default="default", help="int8, int8_float32, float32, ... (default: as saved).")
+    fast.add_argument("--inter_threads", type=int, default=1, help="Batches translated in parallel.")
+    fast.add_argument("--intra_threads", type=int, default=0, help="Threads per batch (0: CTranslate2's default).")
     return parser.parse_args(argv)
 
 
@@ -69,7 +74,10 @@ def translate_file(args: argparse.Namespace) -> None:
     if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
         sys.stdout.reconfigure(encoding="utf-8")
     lines = read_lines(args.input)
-    translator = load_translator(args.model, args.device)
+    translator = load_translator(
+        args.model, args.device, compute_type=args.compute_type, inter_threads=args.inter_threads,
+        intra_threads=args.intra_threads,
+    )  # fmt: skip
     generate_kwargs = {
         key: value for key, value in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens)) if value
     }
@@ -83,12 +91,76 @@ def read_lines(path: str) -> list[str]:
     return [line.rstrip("\r\n") for _, line in numbered]
 
 
-def load_translator(model_path: str, device: str | None):
-    """A TranslationPipeline over the folder's model and tokenizer."""
-    from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
+def load_translator(model_path: str, device: str | None, **ctranslate2_options):
+    """The folder's translator: a CTranslate2 folder (from export_ctranslate2) runs on ctranslate2.Translator with
+    `ctranslate2_options` (compute_type, inter_threads, intra_threads), any other on our TranslationPipeline."""
+    from hf_vanilla_transformer.export_ctranslate2 import is_ctranslate2_folder
 
-    model, tokenizer = load_model_and_tokenizer(model_path, device)
-    return TranslationPipeline(model=model, tokenizer=tokenizer, device=model.device)
+    if is_ctranslate2_folder(model_path):
+        return CTranslate2Translator(model_path, device, **ctranslate2_options)
+    return PipelineTranslator(model_path, device)
+
+
+class PipelineTranslator:
+    """Translation with the model's `generate()` through our TranslationPipeline."""
+
+    def __init__(self, model_path: str, device: str | None):
+        from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
+
+        model, self.tokenizer = load_model_and_tokenizer(model_path, device)
+        self.max_positions = model.config.max_position_embeddings
+        self.pipeline = TranslationPipeline(model=model, tokenizer=self.tokenizer, device=model.device)
+
+    def translate(self, sentences: list[str], **generate_kwargs) -> list[str]:
+        outputs = self.pipeline(sentences, batch_size=len(sentences), **generate_kwargs)
+        return [output["translation_text"] for output in outputs]
+
+
+class CTranslate2Translator:
+    """Translation with `ctranslate2.Translator`, decoding as the model's generation config says (for ours the
+    paper's: beam 4, length penalty 0.6, at most the source length + 50 tokens). CTranslate2 takes one length
+    limit per call, so a batch decodes up to its longest source + 50 and each translation is then cut to its own
+    source's limit: exactly what generate() gives for greedy decoding; a beam that reaches the limit may differ."""
+
+    def __init__(self, model_path: str, device: str | None, compute_type: str = "default", inter_threads: int = 1,
+                 intra_threads: int = 0):  # fmt: skip
+        import ctranslate2
+        from transformers import GenerationConfig
+
+        self.tokenizer = load_tokenizer(model_path, "model_path")
+        generation = GenerationConfig.from_pretrained(model_path)
+        self.max_positions = generation.max_length
+        self.num_beams = generation.num_beams or 1
+        self.length_penalty = generation.length_penalty
+        self.new_tokens_over_source = getattr(generation, "max_new_tokens_over_source", None)
+        device = device or ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
+        self.translator = ctranslate2.Translator(
+            model_path, device=device, compute_type=compute_type, inter_threads=inter_threads,
+            intra_threads=intra_threads,
+        )  # fmt: skip
+
+    def translate(self, sentences: list[str], num_beams: int | None = None, max_new_tokens: int | None = None):
+        ids = self.tokenizer(sentences, truncation=True, max_length=self.max_positions)["input_ids"]
+        if max_new_tokens is not None:
+            limits = [max_new_tokens] * len(ids)
+        elif self.new_tokens_over_source is not None:
+            limits = [len(source) + self.new_tokens_over_source for source in ids]
+        else:
+            limits = [self.max_positions] * len(ids)
+        limits = [min(limit, self.max_positions) for limit in limits]
+        results = self.translator.translate_batch(
+            [self.tokenizer.convert_ids_to_tokens(source) for source in ids],
+            beam_size=num_beams or self.num_beams,
+            length_penalty=self.length_penalty,
+            max_decoding_length=max(limits),
+            max_batch_size=len(sentences),
+        )
+        return [
+            self.tokenizer.decode(
+                self.tokenizer.convert_tokens_to_ids(result.hypotheses[0][:limit]), skip_special_tokens=True
+            )
+            for result, limit in zip(results, limits, strict=True)
+        ]
 
 
 def translate_lines(translator, lines: list[str], batch_size: int, generate_kwargs: dict, show_progress: bool):
@@ -96,7 +168,7 @@ def translate_lines(translator, lines: list[str], batch_size: int, generate_kwar
     Only strings are kept, never a batch's tensors, so memory grows with the text alone."""
     todo = [i for i, line in enumerate(lines) if line.strip()]
     lengths = token_counts(translator.tokenizer, [lines[i] for i in todo])
-    positions = translator.model.config.max_position_embeddings
+    positions = translator.max_positions
     too_long = [index + 1 for index, length in zip(todo, lengths, strict=True) if length > positions]
     if too_long:
         logger.warning(
@@ -106,12 +178,14 @@ def translate_lines(translator, lines: list[str], batch_size: int, generate_kwar
         )  # fmt: skip
     order = [todo[j] for j in sorted(range(len(todo)), key=lengths.__getitem__, reverse=True)]
     translations = [""] * len(lines)
-    outputs = translator((lines[i] for i in order), batch_size=batch_size, **generate_kwargs)
-    for index, output in tqdm(
-        zip(order, outputs, strict=False), total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr
-    ):
-        # a translation is one line of output whatever the model writes, or every later line would be misplaced
-        translations[index] = " ".join(output[0]["translation_text"].splitlines())
+    with tqdm(total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr) as progress:
+        for start in range(0, len(order), batch_size):
+            batch = order[start : start + batch_size]
+            outputs = translator.translate([lines[i] for i in batch], **generate_kwargs)
+            for index, output in zip(batch, outputs, strict=True):
+                # a translation is one line of output whatever the model writes, or every later line is misplaced
+                translations[index] = " ".join(output.splitlines())
+            progress.update(len(batch))
     return translations
 
 

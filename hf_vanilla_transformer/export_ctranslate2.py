@@ -1,0 +1,216 @@
+"""Export a trained model folder to CTranslate2, OpenNMT's inference engine, for fast CPU translation.
+
+    python -m hf_vanilla_transformer.export_ctranslate2 --model runs/multi30k-small \\
+        --output_dir runs/multi30k-small-ct2 --quantization int8
+    vanilla-translate --model runs/multi30k-small-ct2 --input sentences.en --output sentences.de
+
+CTranslate2's own transformers converter does the work (`TransformersConverter`); what it needs from us is a loader
+that maps our weights onto its Transformer specification (`VanillaTransformerLoader`, registered for our config):
+- post-LN (`pre_norm=False`) or pre-LN stacks with their final LayerNorm;
+- no biases in the attention projections; our `kv_proj` already holds W^K above W^V, CTranslate2's fused K/V layout;
+- the √d_model embedding scale;
+- our interleaved sinusoid table given explicitly (CTranslate2's built-in one puts all sines first and starts at
+  position 1), or the learned table;
+- one vocabulary for source and target, and one embedding matrix tied three ways (stored once);
+- the decoder starts from `<s>` and ends at `</s>`.
+The folder also gets the tokenizer files, the generation config (the paper's decoding defaults, which
+`vanilla-translate` applies: beam 4, length penalty 0.6, source length + 50 tokens) and a model card. It is written
+to a temporary folder and renamed when complete. Needs the [fast] extra: `pip install -e ".[fast]"`.
+"""
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from .cli import command_line_error
+from .errors import ParameterError
+from .files import atomic_output_dir
+from .loading import ModelFolderError, load_model_and_tokenizer
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16", "int8_bfloat16")
+# what our folder carries besides the weights that the export keeps (the weights become model.bin)
+CARRIED_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+CTRANSLATE2_WEIGHTS = "model.bin"
+# the parameters of the functions below that the command line sets with a flag of another name
+FLAGS = {"model_path": "model", "output_dir": "output_dir", "overwrite_output_dir": "overwrite_output_dir"}
+
+
+def is_ctranslate2_folder(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, CTRANSLATE2_WEIGHTS))
+
+
+def export(model_path: str, output_dir: str, quantization: str = "float32", overwrite_output_dir: bool = False) -> str:
+    """Write `model_path` (one of our model folders) as a CTranslate2 model folder at `output_dir`."""
+    if quantization not in QUANTIZATIONS:
+        raise ParameterError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}", "quantization")
+    model, tokenizer = load_model_and_tokenizer(model_path, "cpu")
+    if model.config.model_type != "vanilla_transformer":
+        raise ModelFolderError(
+            f"{os.path.join(model_path, 'config.json')}: model_type {model.config.model_type!r} is not ours "
+            "(vanilla_transformer); CTranslate2's own ct2-transformers-converter converts other models"
+        )
+    converter = _converter_class()(model_path, model, tokenizer)
+    with atomic_output_dir(output_dir, overwrite_output_dir) as staging:
+        converter.convert(staging, quantization=quantization, force=True)
+        for name in CARRIED_FILES:
+            if os.path.isfile(os.path.join(model_path, name)):
+                shutil.copy(os.path.join(model_path, name), staging)
+        write_card(model_path, staging, quantization)
+    return output_dir
+
+
+def write_card(model_path: str, folder: str, quantization: str) -> None:
+    """The source folder's model card, with a note on what this folder is and how to use it."""
+    card_path = os.path.join(model_path, "README.md")
+    card = Path(card_path).read_text(encoding="utf-8") if os.path.isfile(card_path) else ""
+    note = (
+        f"\n## CTranslate2 export ({quantization})\n\n"
+        f"This folder is the model above converted for [CTranslate2](https://github.com/OpenNMT/CTranslate2) "
+        f"with weights in {quantization} (`python -m hf_vanilla_transformer.export_ctranslate2 --quantization "
+        f"{quantization}`). Translate with `vanilla-translate --model <this folder>`, or with "
+        "`ctranslate2.Translator` on the tokens of the tokenizer stored here (beam 4, length penalty 0.6, at most "
+        "the source length + 50 tokens, as `generation_config.json` records).\n"
+    )
+    with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as file:
+        file.write(card + note)
+
+
+def _converter_class():
+    """CTranslate2's transformers converter, loading the folder through our checks, with our loader registered."""
+    try:
+        from ctranslate2.converters import TransformersConverter
+        from ctranslate2.converters.transformers import ModelLoader, register_loader
+        from ctranslate2.specs import common_spec, transformer_spec
+    except ImportError:
+        raise ImportError(
+            "exporting to CTranslate2 needs the ctranslate2 package: pip install 'hf-vanilla-transformer[fast]'"
+        ) from None
+    import torch
+
+    from .modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
+
+    activations = {
+        "relu": common_spec.Activation.RELU,
+        "gelu": common_spec.Activation.GELU,
+        "gelu_new": common_spec.Activation.GELUTanh,
+        "gelu_pytorch_tanh": common_spec.Activation.GELUTanh,
+        "silu": common_spec.Activation.SWISH,
+        "swish": common_spec.Activation.SWISH,
+    }
+
+    @register_loader("VanillaTransformerConfig")
+    class VanillaTransformerLoader(ModelLoader):
+        """Our model onto CTranslate2's `TransformerSpec`, module by module."""
+
+        @property
+        def architecture_name(self):
+            return "AutoModelForSeq2SeqLM"  # a name in transformers' namespace that loads our registered class
+
+        def get_model_spec(self, model):
+            config = model.config
+            check_expressible(config, activations)
+            spec = transformer_spec.TransformerSpec.from_config(
+                (config.encoder_layers, config.decoder_layers),
+                config.encoder_attention_heads,
+                pre_norm=config.layer_norm_position == "pre",
+                activation=activations[config.activation_function],
+            )
+            self.set_stack(spec.encoder, model.model.encoder)
+            self.set_stack(spec.decoder, model.model.decoder)
+            self.set_linear(spec.decoder.projection, model.lm_head)
+            return spec
+
+        def set_stack(self, spec, stack):
+            embeddings = stack.embeddings
+            spec.scale_embeddings = embeddings.embed_scale
+            positions = embeddings.embed_positions
+            sinusoidal = isinstance(positions, VanillaTransformerSinusoidalPositionalEncoding)
+            spec.position_encodings.encodings = positions.encoding if sinusoidal else positions.weight
+            token_spec = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+            self.set_embeddings(token_spec, embeddings.embed_tokens)
+            if stack.layer_norm is not None:
+                self.set_layer_norm(spec.layer_norm, stack.layer_norm)
+            for layer_spec, layer in zip(spec.layer, stack.layers, strict=True):
+                self.set_attention(layer_spec.self_attention, layer.self_attn, self_attention=True)
+                self.set_layer_norm(layer_spec.self_attention.layer_norm, layer.self_attn_layer_norm)
+                if hasattr(layer, "encoder_attn"):
+                    self.set_attention(layer_spec.attention, layer.encoder_attn, self_attention=False)
+                    self.set_layer_norm(layer_spec.attention.layer_norm, layer.encoder_attn_layer_norm)
+                self.set_linear(layer_spec.ffn.linear_0, layer.feed_forward.fc1)
+                self.set_linear(layer_spec.ffn.linear_1, layer.feed_forward.fc2)
+                self.set_layer_norm(layer_spec.ffn.layer_norm, layer.feed_forward_layer_norm)
+
+        def set_attention(self, spec, attention, self_attention: bool):
+            # CTranslate2 fuses Q, K, V into one matrix for self-attention and K, V for encoder-decoder attention;
+            # our kv_proj is K above V already
+            if self_attention:
+                spec.linear[0].weight = torch.cat([attention.q_proj.weight, attention.kv_proj.weight])
+            else:
+                spec.linear[0].weight = attention.q_proj.weight
+                spec.linear[1].weight = attention.kv_proj.weight
+            spec.linear[-1].weight = attention.out_proj.weight
+
+        def set_vocabulary(self, spec, tokens):
+            spec.register_source_vocabulary(tokens)
+            spec.register_target_vocabulary(tokens)
+
+        def set_config(self, spec_config, model, tokenizer):
+            spec_config.bos_token = tokenizer.bos_token
+            spec_config.eos_token = tokenizer.eos_token
+            spec_config.unk_token = tokenizer.unk_token
+            spec_config.decoder_start_token = tokenizer.convert_ids_to_tokens(model.config.decoder_start_token_id)
+
+    class LoadedModelConverter(TransformersConverter):
+        """Converts a model and tokenizer already loaded (through our checks) from `model_path`."""
+
+        def __init__(self, model_path: str, model, tokenizer):
+            super().__init__(model_path)
+            self.model, self.tokenizer = model, tokenizer
+
+        def load_model(self, model_class, model_name_or_path, **kwargs):
+            return self.model
+
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):
+            return self.tokenizer
+
+    return LoadedModelConverter
+
+
+def check_expressible(config, activations: dict) -> None:
+    """Refuse, naming the attribute, a variant that CTranslate2's Transformer cannot run."""
+    heads = config.encoder_attention_heads
+    even_split = config.d_model // heads
+    problems = [
+        ("decoder_attention_heads", config.decoder_attention_heads != heads,
+         f"differs from encoder_attention_heads={heads}: CTranslate2 has one head count"),
+        ("head_dim", config.head_dim not in (None, even_split), f"is not d_model / heads = {even_split}"),
+        ("v_head_dim", config.v_head_dim not in (None, config.head_dim or even_split), "differs from head_dim"),
+        ("activation_function", config.activation_function not in activations,
+         f"is not one CTranslate2 has ({', '.join(activations)})"),
+    ]  # fmt: skip
+    for name, failed, why in problems:
+        if failed:
+            raise ParameterError(
+                f"{os.path.join(config.name_or_path, 'config.json')}: {name}={getattr(config, name)!r} {why}; "
+                "CTranslate2 cannot run this variant"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="vanilla-export-ctranslate2", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="One of our model folders (from run_translation.py).")
+    parser.add_argument("--output_dir", required=True, help="The CTranslate2 model folder to write.")
+    parser.add_argument("--quantization", default="float32", choices=QUANTIZATIONS, help="Weight type.")
+    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
+    args = parser.parse_args(argv)
+    try:
+        export(args.model, args.output_dir, args.quantization, args.overwrite_output_dir)
+    except (OSError, ValueError, ImportError) as error:
+        sys.exit(f"{parser.prog}: error: {command_line_error(error, FLAGS)}")
+    print(f"Wrote a CTranslate2 model ({args.quantization}) to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""hf_vanilla_transformer.export_ctranslate2, and vanilla-translate on its folders: CTranslate2 translates as our
+model does."""
+
+import json
+
+import pytest
+import sacrebleu
+import torch
+from transformers import AutoTokenizer
+
+from helpers import MULTI30K, SENTENCES, letter_tokenizer, tiny_model
+from hf_vanilla_transformer.data import read_translation_file
+from hf_vanilla_transformer.export_ctranslate2 import export, is_ctranslate2_folder
+from hf_vanilla_transformer.loading import ModelFolderError
+from hf_vanilla_transformer.translate import CTranslate2Translator, translate_lines
+
+PAIRS = list(read_translation_file(str(MULTI30K / "test.jsonl"), "en", "de"))
+
+
+@pytest.fixture(scope="module")
+def exported(trained_run, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ctranslate2")
+    return {kind: export(str(trained_run.output), str(folder / kind), kind) for kind in ("float32", "int8")}
+
+
+@pytest.fixture(scope="module")
+def float32(exported):
+    return CTranslate2Translator(exported["float32"], "cpu", intra_threads=2)
+
+
+def test_the_folder_carries_tokenizer_decoding_defaults_and_card(trained_run, exported):
+    folder = exported["int8"]
+    assert is_ctranslate2_folder(folder) and not is_ctranslate2_folder(str(trained_run.output))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(trained_run.output).get_vocab()
+    with open(f"{folder}/generation_config.json") as file:
+        generation = json.load(file)
+    decoding = (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens_over_source"])
+    assert decoding == (4, 0.6, 50)  # the paper's
+    with open(f"{folder}/README.md", encoding="utf-8") as file:
+        card = file.read()
+    assert card.startswith("---") and "## CTranslate2 export (int8)" in card
+
+
+def pytorch_translations(model, tokenizer, sources, **generate_kwargs):
+    outputs = []
+    for start in range(0, len(sources), 32):
+        batch = tokenizer(sources[start : start + 32], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            generated = model.generate(**batch, **generate_kwargs)
+        outputs += tokenizer.batch_decode(generated, skip_special_tokens=True)
+    return outputs
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_float32_translates_as_generate_does(model_and_tokenizer, float32, num_beams):
+    """Greedy and beam 4, the model's length penalty and its source length + 50 limit, on 200 test sentences;
+    batches of 32 by length (CTranslate2's limit is the batch's longest source + 50)."""
+    sources = [source for source, _ in PAIRS[:200]]
+    expected = pytorch_translations(*model_and_tokenizer, sources, num_beams=num_beams)
+    lines = translate_lines(float32, sources, 32, {"num_beams": num_beams}, show_progress=False)
+    different = [(got, want) for got, want in zip(lines, expected, strict=True) if got != want]
+    assert len(different) <= 2, different  # at least 99%; none of the 200 differed when written
+
+
+def test_beam_scores_match_the_models_own(model_and_tokenizer, exported):
+    """CTranslate2's beam score is log P(y|x) / |y|^0.6, as generate()'s sequences_scores is."""
+    import ctranslate2
+
+    model, tokenizer = model_and_tokenizer
+    translator = ctranslate2.Translator(exported["float32"], device="cpu")
+    for sentence in SENTENCES:
+        batch = tokenizer([sentence], return_tensors="pt")
+        with torch.no_grad():
+            generated = model.generate(**batch, num_beams=4, return_dict_in_generate=True, output_scores=True)
+        tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
+        (result,) = translator.translate_batch([tokens], beam_size=4, length_penalty=0.6, return_scores=True)
+        hypothesis = tokenizer.convert_tokens_to_ids(result.hypotheses[0])
+        assert hypothesis == generated.sequences[0, 1:].tolist()[: len(hypothesis)]
+        assert result.scores[0] == pytest.approx(generated.sequences_scores[0].item(), abs=1e-3)
+
+
+def test_int8_moves_bleu_by_at_most_0_3(exported, float32):
+    """On all 1,000 Multi30k test sentences. The fixture's model is barely trained (BLEU about 1), so this also asks
+    that most translations stay the same; bench/bench_ctranslate2.py measures the main job's model (BLEU 35)."""
+    sources = [source for source, _ in PAIRS]
+    references = [[target for _, target in PAIRS]]
+    int8 = CTranslate2Translator(exported["int8"], "cpu", intra_threads=2)
+    outputs = {
+        name: translate_lines(translator, sources, 64, {}, show_progress=False)
+        for name, translator in (("float32", float32), ("int8", int8))
+    }
+    scores = {name: sacrebleu.corpus_bleu(output, references).score for name, output in outputs.items()}
+    assert abs(scores["int8"] - scores["float32"]) <= 0.3, scores
+    unchanged = sum(a == b for a, b in zip(outputs["int8"], outputs["float32"], strict=True))
+    assert unchanged >= 850, unchanged  # 914 of 1,000 when written
+
+
+def test_a_variant_ctranslate2_cannot_run_and_a_foreign_folder_are_refused(tmp_path):
+    model = tiny_model()  # 4 encoder heads, 2 decoder heads: CTranslate2 has one head count
+    model.save_pretrained(tmp_path / "variant")
+    letter_tokenizer().save_pretrained(tmp_path / "variant")
+    with pytest.raises(ValueError, match=r"variant/config.json: decoder_attention_heads=2 differs from "
+                                         r"encoder_attention_heads=4: CTranslate2 has one head count"):  # fmt: skip
+        export(str(tmp_path / "variant"), str(tmp_path / "out"))
+    with pytest.raises(ModelFolderError, match=r"not a model folder \(no config.json\)"):
+        export(str(tmp_path / "nothing"), str(tmp_path / "out"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["variant"]
