@@ -52,3 +52,12 @@ def model_and_tokenizer(trained_run):
     """The trained run's model and tokenizer, loaded with the auto classes."""
     tokenizer = AutoTokenizer.from_pretrained(trained_run.output)
     return AutoModelForSeq2SeqLM.from_pretrained(trained_run.output), tokenizer
+
+
+@pytest.fixture(scope="session")
+def exported(trained_run, tmp_path_factory) -> dict[str, str]:
+    """The trained run exported to CTranslate2 folders, float32 and int8 (hf_vanilla_transformer.export_ctranslate2)."""
+    from hf_vanilla_transformer.export_ctranslate2 import export
+
+    folder = tmp_path_factory.mktemp("ctranslate2")
+    return {kind: export(str(trained_run.output), str(folder / kind), kind) for kind in ("float32", "int8")}

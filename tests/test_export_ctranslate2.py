@@ -18,12 +18,6 @@ PAIRS = list(read_translation_file(str(MULTI30K / "test.jsonl"), "en", "de"))
 
 
 @pytest.fixture(scope="module")
-def exported(trained_run, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ctranslate2")
-    return {kind: export(str(trained_run.output), str(folder / kind), kind) for kind in ("float32", "int8")}
-
-
-@pytest.fixture(scope="module")
 def float32(exported):
     return CTranslate2Translator(exported["float32"], "cpu", intra_threads=2)
 

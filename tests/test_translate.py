@@ -196,3 +196,19 @@ def test_an_interrupted_translation_leaves_no_output(trained_run, tmp_path, stop
     assert stderr.rstrip().splitlines()[-1] == "vanilla-translate: interrupted; nothing was written"
     assert "Traceback" not in stderr
     assert os.listdir(tmp_path) == ["in.en"]
+
+
+def test_a_ctranslate2_folder_translates_as_the_model_folder_does(trained_run, exported, tmp_path):
+    """The same command on the export: order and empty lines kept, the progress bar, the model's decoding."""
+    lines = [SENTENCES[2], "", SENTENCES[0], "   ", SENTENCES[1]]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    outputs = {}
+    for name, model in (("pytorch", str(trained_run.output)), ("ctranslate2", exported["float32"])):
+        output = tmp_path / f"{name}.txt"
+        result = vanilla_translate("--model", model, "--input", str(tmp_path / "in.txt"), "--output", str(output),
+                                   "--batch_size", "2", "--intra_threads", "2")  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "3/3" in result.stderr
+        outputs[name] = output.read_text().split("\n")
+    assert outputs["ctranslate2"] == outputs["pytorch"]
+    assert [bool(line) for line in outputs["ctranslate2"]] == [True, False, True, False, True, False]
