@@ -64,17 +64,17 @@ def marian_exports(model_path: str, folder: str) -> dict[str, str]:
     return exports
 
 
-def ctranslate2_fixed_length(folder: str, token_batches: list[list[list[str]]], new_tokens: int):
+def ctranslate2_fixed_length(folder: str, sources: list[list[str]], batch_size: int, new_tokens: int):
+    """Beam 4, exactly `new_tokens` tokens a sentence, threads as vanilla-translate sets them on this CPU."""
     import ctranslate2
 
-    translator = ctranslate2.Translator(folder, device="cpu", intra_threads=2)
+    translator = ctranslate2.Translator(folder, device="cpu", inter_threads=os.cpu_count(), intra_threads=1)
 
     def run():
-        for batch in token_batches:
-            translator.translate_batch(
-                batch, beam_size=4, length_penalty=0.6, min_decoding_length=new_tokens,
-                max_decoding_length=new_tokens, max_batch_size=len(batch),
-            )  # fmt: skip
+        translator.translate_batch(
+            sources, beam_size=4, length_penalty=0.6, min_decoding_length=new_tokens,
+            max_decoding_length=new_tokens, max_batch_size=batch_size,
+        )  # fmt: skip
 
     return run
 
@@ -82,10 +82,7 @@ def ctranslate2_fixed_length(folder: str, token_batches: list[list[list[str]]], 
 def worker(kind: str, model: str, sources_file: str) -> None:
     """Translate the sources once at batch 64 (the parent measures this process's peak RSS)."""
     sources = read_lines(sources_file)
-    if kind == "generate":
-        translator = PipelineTranslator(model, "cpu")
-    else:
-        translator = CTranslate2Translator(model, "cpu", intra_threads=2)
+    translator = PipelineTranslator(model, "cpu") if kind == "generate" else CTranslate2Translator(model, "cpu")
     translate_lines(translator, sources, 64, {}, show_progress=False)
 
 
@@ -118,7 +115,7 @@ def main() -> None:
         marian = marian_exports(args.model, folder)
         systems = {
             "ours generate()": PipelineTranslator(args.model, "cpu"),
-            **{f"ours CTranslate2 {q}": CTranslate2Translator(ours[q], "cpu", intra_threads=2) for q in QUANTIZATIONS},
+            **{f"ours CTranslate2 {q}": CTranslate2Translator(ours[q], "cpu") for q in QUANTIZATIONS},
         }
         tokenizer = systems["ours generate()"].tokenizer
         results = {"machine": machine(), "model": args.model, "sentences": len(sources), "translate": {},
@@ -151,14 +148,12 @@ def main() -> None:
 
         for batch_size, count in ((64, len(sources)), (1, args.batch1_sentences)):
             ordered = sorted(sources[:count], key=len, reverse=True)
-            token_batches = [
-                [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(ordered[i : i + batch_size])["input_ids"]]
-                for i in range(0, count, batch_size)
-            ]
-            runs = {f"ours CTranslate2 {q}": ctranslate2_fixed_length(ours[q], token_batches, args.new_tokens)
-                    for q in QUANTIZATIONS}  # fmt: skip
-            runs |= {f"Marian CTranslate2 {q}": ctranslate2_fixed_length(marian[q], token_batches, args.new_tokens)
-                     for q in QUANTIZATIONS}  # fmt: skip
+            tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(ordered)["input_ids"]]
+            runs = {
+                f"{system} CTranslate2 {q}": ctranslate2_fixed_length(exports[q], tokens, batch_size, args.new_tokens)
+                for system, exports in (("ours", ours), ("Marian", marian))
+                for q in QUANTIZATIONS
+            }
             medians = interleaved(runs, args.repetitions)
             for q in QUANTIZATIONS:
                 ratio = medians[f"Marian CTranslate2 {q}"] / medians[f"ours CTranslate2 {q}"]

@@ -13,6 +13,7 @@ translated with CTranslate2 (the [fast] extra), with the same decoding: many tim
 import argparse
 import io
 import logging
+import os
 import signal
 import sys
 
@@ -40,8 +41,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
     fast = parser.add_argument_group("CTranslate2 folders (from hf_vanilla_transformer.export_ctranslate2)")
     fast.add_argument("--compute_type", default="default", help="int8, int8_float32, float32, ... (default: as saved).")
-    fast.add_argument("--inter_threads", type=int, default=1, help="Batches translated in parallel.")
-    fast.add_argument("--intra_threads", type=int, default=0, help="Threads per batch (0: CTranslate2's default).")
+    fast.add_argument(
+        "--inter_threads", type=int, default=None, help="Batches in parallel (default: a CPU's cores; 1 on a GPU)."
+    )
+    fast.add_argument("--intra_threads", type=int, default=None, help="Threads per batch (default: 1 on a CPU).")
     return parser.parse_args(argv)
 
 
@@ -102,7 +105,9 @@ def load_translator(model_path: str, device: str | None, **ctranslate2_options):
 
 
 class PipelineTranslator:
-    """Translation with the model's `generate()` through our TranslationPipeline."""
+    """Translation with the model's `generate()` through our TranslationPipeline, one batch at a time."""
+
+    batches_per_call = 1
 
     def __init__(self, model_path: str, device: str | None):
         from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
@@ -111,8 +116,8 @@ class PipelineTranslator:
         self.max_positions = model.config.max_position_embeddings
         self.pipeline = TranslationPipeline(model=model, tokenizer=self.tokenizer, device=model.device)
 
-    def translate(self, sentences: list[str], **generate_kwargs) -> list[str]:
-        outputs = self.pipeline(sentences, batch_size=len(sentences), **generate_kwargs)
+    def translate(self, sentences: list[str], batch_size: int, **generate_kwargs) -> list[str]:
+        outputs = self.pipeline(sentences, batch_size=batch_size, **generate_kwargs)
         return [output["translation_text"] for output in outputs]
 
 
@@ -122,8 +127,8 @@ class CTranslate2Translator:
     limit per call, so a batch decodes up to its longest source + 50 and each translation is then cut to its own
     source's limit: exactly what generate() gives for greedy decoding; a beam that reaches the limit may differ."""
 
-    def __init__(self, model_path: str, device: str | None, compute_type: str = "default", inter_threads: int = 1,
-                 intra_threads: int = 0):  # fmt: skip
+    def __init__(self, model_path: str, device: str | None, compute_type: str = "default",
+                 inter_threads: int | None = None, intra_threads: int | None = None):  # fmt: skip
         import ctranslate2
         from transformers import GenerationConfig
 
@@ -134,12 +139,20 @@ class CTranslate2Translator:
         self.length_penalty = generation.length_penalty
         self.new_tokens_over_source = getattr(generation, "max_new_tokens_over_source", None)
         device = device or ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
+        # on a CPU, one batch per core, each on one thread, beats all cores on one batch: 2.3x here for int8
+        # (BENCHMARKS.md); a call hands over several batches so that every worker has one
+        on_cpu = device == "cpu"
+        inter_threads = inter_threads or (os.cpu_count() if on_cpu else 1)
+        intra_threads = intra_threads or (1 if on_cpu else 0)
+        self.batches_per_call = 2 * inter_threads
         self.translator = ctranslate2.Translator(
             model_path, device=device, compute_type=compute_type, inter_threads=inter_threads,
             intra_threads=intra_threads,
         )  # fmt: skip
 
-    def translate(self, sentences: list[str], num_beams: int | None = None, max_new_tokens: int | None = None):
+    def translate(
+        self, sentences: list[str], batch_size: int, num_beams: int | None = None, max_new_tokens: int | None = None
+    ) -> list[str]:
         ids = self.tokenizer(sentences, truncation=True, max_length=self.max_positions)["input_ids"]
         if max_new_tokens is not None:
             limits = [max_new_tokens] * len(ids)
@@ -153,7 +166,7 @@ class CTranslate2Translator:
             beam_size=num_beams or self.num_beams,
             length_penalty=self.length_penalty,
             max_decoding_length=max(limits),
-            max_batch_size=len(sentences),
+            max_batch_size=batch_size,
         )
         return [
             self.tokenizer.decode(
@@ -179,9 +192,10 @@ def translate_lines(translator, lines: list[str], batch_size: int, generate_kwar
     order = [todo[j] for j in sorted(range(len(todo)), key=lengths.__getitem__, reverse=True)]
     translations = [""] * len(lines)
     with tqdm(total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr) as progress:
-        for start in range(0, len(order), batch_size):
-            batch = order[start : start + batch_size]
-            outputs = translator.translate([lines[i] for i in batch], **generate_kwargs)
+        step = batch_size * translator.batches_per_call
+        for start in range(0, len(order), step):
+            batch = order[start : start + step]
+            outputs = translator.translate([lines[i] for i in batch], batch_size, **generate_kwargs)
             for index, output in zip(batch, outputs, strict=True):
                 # a translation is one line of output whatever the model writes, or every later line is misplaced
                 translations[index] = " ".join(output.splitlines())

@@ -19,7 +19,7 @@ PAIRS = list(read_translation_file(str(MULTI30K / "test.jsonl"), "en", "de"))
 
 @pytest.fixture(scope="module")
 def float32(exported):
-    return CTranslate2Translator(exported["float32"], "cpu", intra_threads=2)
+    return CTranslate2Translator(exported["float32"], "cpu")
 
 
 def test_the_folder_carries_tokenizer_decoding_defaults_and_card(trained_run, exported):
@@ -79,7 +79,7 @@ def test_int8_moves_bleu_by_at_most_0_3(exported, float32):
     that most translations stay the same; bench/bench_ctranslate2.py measures the main job's model (BLEU 35)."""
     sources = [source for source, _ in PAIRS]
     references = [[target for _, target in PAIRS]]
-    int8 = CTranslate2Translator(exported["int8"], "cpu", intra_threads=2)
+    int8 = CTranslate2Translator(exported["int8"], "cpu")
     outputs = {
         name: translate_lines(translator, sources, 64, {}, show_progress=False)
         for name, translator in (("float32", float32), ("int8", int8))
