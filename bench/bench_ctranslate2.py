@@ -3,18 +3,24 @@ same size on CTranslate2 (converted by CTranslate2's own transformers converter)
 
     python -m bench.bench_ctranslate2 --model runs/multi30k-small --repetitions 3
 
-Two modes, each at batch 64 and batch 1, repetitions interleaved (medians):
+Two modes, each at batch 64 and batch 1:
 - "translate": the trained model translates the 1,000 Multi30k test sources as vanilla-translate does (sorted by
   length, beam 4, length penalty 0.6, at most source length + 50 tokens), through `generate()` and through our
   CTranslate2 exports; sentences/s, target tokens/s, BLEU (sacreBLEU 13a against the references).
 - "fixed length": every system writes exactly --new_tokens tokens per sentence at beam 4, so that our export and an
   untrained MarianMTModel of the same shape (no trained Marian of this size exists here) do equal work.
-Peak RSS is measured for each system in its own process translating the 1,000 sources once at batch 64.
-Writes bench/results/ctranslate2.json.
+Every measurement runs in a process of its own (idle threads of one engine would slow another in a shared process),
+the systems in turn within each repetition; medians of --repetitions. Threads: torch's default (2 here) for
+generate(), CTranslate2 as vanilla-translate sets it on a CPU (a batch per core, one thread each). Peak RSS is each
+measuring process's (`ru_maxrss`). Writes bench/results/ctranslate2.json.
 """
 
 import argparse
+import copy
+import json
 import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,10 +29,11 @@ import time
 
 import sacrebleu
 
-from bench.common import MULTI30K, machine, marian_like, run_with_peak_rss, write_results
+from bench.common import MULTI30K, machine, marian_like, write_results
 from hf_vanilla_transformer.data import read_translation_file
-from hf_vanilla_transformer.export_ctranslate2 import export
-from hf_vanilla_transformer.translate import CTranslate2Translator, PipelineTranslator, read_lines, translate_lines
+from hf_vanilla_transformer.export_ctranslate2 import CARRIED_FILES, export
+from hf_vanilla_transformer.loading import load_tokenizer
+from hf_vanilla_transformer.translate import CTranslate2Translator, PipelineTranslator, translate_lines
 
 QUANTIZATIONS = ("float32", "int8")
 
@@ -50,10 +57,10 @@ def marian_exports(model_path: str, folder: str) -> dict[str, str]:
         bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, unk_token=tokenizer.unk_token,
         pad_token=tokenizer.pad_token,
     )  # fmt: skip
-    marian = marian_like(
-        ours.config, pad_token_id=vocab[tokenizer.pad_token], eos_token_id=vocab[tokenizer.eos_token],
-        decoder_start_token_id=vocab[tokenizer.pad_token],
-    )  # fmt: skip
+    shape = copy.deepcopy(ours.config)
+    shape.pad_token_id = shape.decoder_start_token_id = vocab[tokenizer.pad_token]
+    shape.eos_token_id = vocab[tokenizer.eos_token]
+    marian = marian_like(shape)
     source = os.path.join(folder, "marian")
     marian.save_pretrained(source)
     marian_tokenizer.save_pretrained(source)
@@ -61,39 +68,50 @@ def marian_exports(model_path: str, folder: str) -> dict[str, str]:
     for quantization in QUANTIZATIONS:
         exports[quantization] = os.path.join(folder, f"marian-{quantization}")
         TransformersConverter(source).convert(exports[quantization], quantization=quantization)
+        for name in CARRIED_FILES:  # our tokenizer gives the same token strings; the bench feeds tokens
+            shutil.copy(os.path.join(model_path, name), exports[quantization])
     return exports
 
 
-def ctranslate2_fixed_length(folder: str, sources: list[list[str]], batch_size: int, new_tokens: int):
-    """Beam 4, exactly `new_tokens` tokens a sentence, threads as vanilla-translate sets them on this CPU."""
-    import ctranslate2
+def worker(system: str, folder: str, mode: str, batch_size: int, count: int, new_tokens: int) -> dict:
+    """One measurement in a process of its own: idle threads of one engine (CTranslate2's workers, torch's pool)
+    must not slow another down. Loads, warms up on one batch, then times the translation of the first `count`
+    sources; reports seconds, the translations and this process's peak RSS."""
+    pairs = list(read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de"))
+    sources = [source for source, _ in pairs][:count]
+    translator = PipelineTranslator(folder, "cpu") if system == "generate" else CTranslate2Translator(folder, "cpu")
+    if mode == "translate":
+        translate_lines(translator, sources[:batch_size], batch_size, {}, show_progress=False)
+        start = time.perf_counter()
+        translations = translate_lines(translator, sources, batch_size, {}, show_progress=False)
+        seconds = time.perf_counter() - start
+    else:  # every sentence exactly new_tokens tokens, beam 4, threads as for translating
+        tokenizer = translator.tokenizer
+        ordered = sorted(sources, key=len, reverse=True)
+        tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(ordered)["input_ids"]]
 
-    translator = ctranslate2.Translator(folder, device="cpu", inter_threads=os.cpu_count(), intra_threads=1)
+        def run(selection):
+            translator.translator.translate_batch(
+                selection, beam_size=4, length_penalty=0.6, min_decoding_length=new_tokens,
+                max_decoding_length=new_tokens, max_batch_size=batch_size,
+            )  # fmt: skip
 
-    def run():
-        translator.translate_batch(
-            sources, beam_size=4, length_penalty=0.6, min_decoding_length=new_tokens,
-            max_decoding_length=new_tokens, max_batch_size=batch_size,
-        )  # fmt: skip
-
-    return run
-
-
-def worker(kind: str, model: str, sources_file: str) -> None:
-    """Translate the sources once at batch 64 (the parent measures this process's peak RSS)."""
-    sources = read_lines(sources_file)
-    translator = PipelineTranslator(model, "cpu") if kind == "generate" else CTranslate2Translator(model, "cpu")
-    translate_lines(translator, sources, 64, {}, show_progress=False)
+        run(tokens[:batch_size])
+        start = time.perf_counter()
+        run(tokens)
+        seconds = time.perf_counter() - start
+        translations = []
+    return {"seconds": seconds, "translations": translations,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
 
 
-def interleaved(candidates: dict, repetitions: int) -> dict[str, float]:
-    seconds = {name: [] for name in candidates}
-    for _ in range(repetitions):
-        for name, run in candidates.items():
-            start = time.perf_counter()
-            run()
-            seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in seconds.items()}
+def measure(system: str, folder: str, mode: str, batch_size: int, count: int, new_tokens: int) -> dict:
+    command = [sys.executable, "-m", "bench.bench_ctranslate2", "--worker", json.dumps(
+        [system, folder, mode, batch_size, count, new_tokens])]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -102,82 +120,49 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--batch1_sentences", type=int, default=200, help="Sources translated one at a time.")
     parser.add_argument("--new_tokens", type=int, default=20)
-    parser.add_argument("--worker", nargs=2, metavar=("KIND", "SOURCES"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker[0], args.model, args.worker[1])
+        print(json.dumps(worker(*json.loads(args.worker))))
         return
 
     pairs = list(read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de"))
-    sources, references = [source for source, _ in pairs], [[target for _, target in pairs]]
+    references = [target for _, target in pairs]
+    results = {"machine": machine(), "model": args.model, "sentences": len(pairs), "repetitions": args.repetitions,
+               "translate": {}, "fixed_length": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         ours = {q: export(args.model, os.path.join(folder, f"ours-{q}"), q) for q in QUANTIZATIONS}
         marian = marian_exports(args.model, folder)
-        systems = {
-            "ours generate()": PipelineTranslator(args.model, "cpu"),
-            **{f"ours CTranslate2 {q}": CTranslate2Translator(ours[q], "cpu") for q in QUANTIZATIONS},
-        }
-        tokenizer = systems["ours generate()"].tokenizer
-        results = {"machine": machine(), "model": args.model, "sentences": len(sources), "translate": {},
-                   "fixed_length": {}}  # fmt: skip
-
-        translations = {}
-        for batch_size, count in ((64, len(sources)), (1, args.batch1_sentences)):
-
-            def run(translator, batch_size=batch_size, count=count):
-                def translate():
-                    translations[(translator, batch_size)] = translate_lines(
-                        translator, sources[:count], batch_size, {}, show_progress=False
-                    )
-
-                return translate
-
-            medians = interleaved({name: run(t) for name, t in systems.items()}, args.repetitions)
-            for name, translator in systems.items():
-                output = translations[(translator, batch_size)]
-                target_tokens = sum(len(ids) for ids in tokenizer(output)["input_ids"])
-                figures = {
-                    "sentences_per_second": round(count / medians[name], 2),
-                    "target_tokens_per_second": round(target_tokens / medians[name], 1),
-                    "speedup_over_generate": round(medians["ours generate()"] / medians[name], 2),
-                }
-                if batch_size == 64:
-                    figures["bleu"] = round(sacrebleu.corpus_bleu(output, references).score, 2)
-                results["translate"][f"{name}, batch {batch_size}"] = figures
-                print(f"{name}, batch {batch_size}: {figures}", flush=True)
-
-        for batch_size, count in ((64, len(sources)), (1, args.batch1_sentences)):
-            ordered = sorted(sources[:count], key=len, reverse=True)
-            tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(ordered)["input_ids"]]
-            runs = {
-                f"{system} CTranslate2 {q}": ctranslate2_fixed_length(exports[q], tokens, batch_size, args.new_tokens)
-                for system, exports in (("ours", ours), ("Marian", marian))
-                for q in QUANTIZATIONS
-            }
-            medians = interleaved(runs, args.repetitions)
-            for q in QUANTIZATIONS:
-                ratio = medians[f"Marian CTranslate2 {q}"] / medians[f"ours CTranslate2 {q}"]
-                for name in (f"ours CTranslate2 {q}", f"Marian CTranslate2 {q}"):
+        modes = {
+            "translate": {"ours generate()": ("generate", args.model),
+                          **{f"ours CTranslate2 {q}": ("ctranslate2", ours[q]) for q in QUANTIZATIONS}},
+            "fixed_length": {f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
+                             for system, exports in (("ours", ours), ("Marian", marian)) for q in QUANTIZATIONS},
+        }  # fmt: skip
+        for mode, systems in modes.items():
+            for batch_size, count in ((64, len(pairs)), (1, args.batch1_sentences)):
+                runs = {name: [] for name in systems}
+                for _ in range(args.repetitions):  # interleaved: each system once per repetition, in turn
+                    for name, (system, model) in systems.items():
+                        runs[name].append(measure(system, model, mode, batch_size, count, args.new_tokens))
+                medians = {name: statistics.median(run["seconds"] for run in runs[name]) for name in runs}
+                for name, measured in runs.items():
                     figures = {"sentences_per_second": round(count / medians[name], 2),
-                               "ours_over_marian": round(ratio, 3)}  # fmt: skip
-                    results["fixed_length"][f"{name}, batch {batch_size}"] = figures
-                    print(f"fixed length, {name}, batch {batch_size}: {figures}", flush=True)
-
-        sources_file = os.path.join(folder, "test.en")
-        with open(sources_file, "w", encoding="utf-8") as file:
-            file.writelines(source + "\n" for source in sources)
-        results["peak_rss_mib"] = {}
-        for name, kind, model in (
-            ("ours generate()", "generate", args.model),
-            *((f"ours CTranslate2 {q}", "ctranslate2", ours[q]) for q in QUANTIZATIONS),
-        ):
-            command = [sys.executable, "-m", "bench.bench_ctranslate2", "--model", model, "--worker", kind,
-                       sources_file]  # fmt: skip
-            result, peak = run_with_peak_rss(command)
-            if result.returncode != 0:
-                raise subprocess.CalledProcessError(result.returncode, command, stderr=result.stderr)
-            results["peak_rss_mib"][name] = round(peak / 2**20, 1)
-        print(results["peak_rss_mib"])
+                               "peak_rss_mib": round(max(run["peak_rss_mib"] for run in measured), 1)}  # fmt: skip
+                    if mode == "translate":
+                        output = measured[0]["translations"]
+                        tokenizer = load_tokenizer(args.model, "model_path")
+                        tokens = sum(len(ids) for ids in tokenizer(output)["input_ids"])
+                        figures["target_tokens_per_second"] = round(tokens / medians[name], 1)
+                        figures["speedup_over_generate"] = round(medians["ours generate()"] / medians[name], 2)
+                        figures["bleu"] = round(sacrebleu.corpus_bleu(output, [references[:count]]).score, 2)
+                    else:
+                        q = name.rsplit(" ", 1)[1]
+                        figures["ours_over_marian"] = round(
+                            medians[f"Marian CTranslate2 {q}"] / medians[f"ours CTranslate2 {q}"], 3
+                        )
+                    results[mode][f"{name}, batch {batch_size}"] = figures
+                    print(f"{mode}, {name}, batch {batch_size}: {figures}", flush=True)
     print("wrote", write_results("ctranslate2", results))
 
 

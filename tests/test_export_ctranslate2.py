@@ -6,7 +6,7 @@ import json
 import pytest
 import sacrebleu
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from helpers import MULTI30K, SENTENCES, letter_tokenizer, tiny_model
 from hf_vanilla_transformer.data import read_translation_file
@@ -99,4 +99,11 @@ def test_a_variant_ctranslate2_cannot_run_and_a_foreign_folder_are_refused(tmp_p
         export(str(tmp_path / "variant"), str(tmp_path / "out"))
     with pytest.raises(ModelFolderError, match=r"not a model folder \(no config.json\)"):
         export(str(tmp_path / "nothing"), str(tmp_path / "out"))
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["variant"]
+    marian = MarianMTModel(MarianConfig(vocab_size=14, d_model=16, encoder_layers=1, decoder_layers=1,
+                                        encoder_ffn_dim=16, decoder_ffn_dim=16, pad_token_id=1, eos_token_id=2,
+                                        decoder_start_token_id=1))  # fmt: skip
+    marian.save_pretrained(tmp_path / "marian")
+    letter_tokenizer().save_pretrained(tmp_path / "marian")
+    with pytest.raises(ModelFolderError, match=r"marian/config.json: model_type 'marian' is not ours"):
+        export(str(tmp_path / "marian"), str(tmp_path / "out"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["marian", "variant"]
