@@ -120,6 +120,8 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--batch1_sentences", type=int, default=200, help="Sources translated one at a time.")
     parser.add_argument("--new_tokens", type=int, default=20)
+    parser.add_argument("--modes", nargs="+", default=["translate", "fixed_length"], help="Which modes to run.")
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[64, 1], help="64 and/or 1.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -139,8 +141,10 @@ def main() -> None:
             "fixed_length": {f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
                              for system, exports in (("ours", ours), ("Marian", marian)) for q in QUANTIZATIONS},
         }  # fmt: skip
-        for mode, systems in modes.items():
-            for batch_size, count in ((64, len(pairs)), (1, args.batch1_sentences)):
+        for mode in args.modes:
+            systems = modes[mode]
+            for batch_size in args.batch_sizes:
+                count = len(pairs) if batch_size > 1 else args.batch1_sentences
                 runs = {name: [] for name in systems}
                 for _ in range(args.repetitions):  # interleaved: each system once per repetition, in turn
                     for name, (system, model) in systems.items():
@@ -163,7 +167,10 @@ def main() -> None:
                         )
                     results[mode][f"{name}, batch {batch_size}"] = figures
                     print(f"{mode}, {name}, batch {batch_size}: {figures}", flush=True)
-    print("wrote", write_results("ctranslate2", results))
+    # a partial run (a recheck of one mode or batch size) gets a file of its own
+    partial = (args.modes, args.batch_sizes) != (["translate", "fixed_length"], [64, 1])
+    name = "_".join(["ctranslate2", *args.modes, *(f"batch{size}" for size in args.batch_sizes)]) if partial else None
+    print("wrote", write_results(name or "ctranslate2", results))
 
 
 if __name__ == "__main__":
