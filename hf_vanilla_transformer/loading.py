@@ -78,7 +78,7 @@ def load_model(model_path: str, device: str | None = None, parameter: str = "mod
     if report["missing_keys"]:
         missing = sorted(report["missing_keys"])
         raise ModelFolderError(f"{weights_file}: {len(missing)} weights missing, the first {missing[0]}")
-    for name, tensor in model.state_dict().items():
+    for name, tensor in model.named_parameters():  # each tied matrix once
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise ModelFolderError(f"{weights_file}: {name} holds NaN or infinite values")
     return model.to(device)

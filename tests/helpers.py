@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -262,3 +263,18 @@ def write_bytes_lines(folder: Path, name: str, lines: list[bytes], bom: bool = F
     path = folder / name
     path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + b"".join(line + b"\n" for line in lines))
     return str(path)
+
+
+def read_fuzzed_file(reader, lines: list[bytes], bom: bool, name: str):
+    """`reader(path)` on a file of `lines`: (its result, the file's text) or, when it refuses the file, None once its
+    error is checked to be one line naming the file."""
+    from hf_vanilla_transformer.data import TranslationDataError
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_bytes_lines(Path(folder), name, lines, bom)
+        try:
+            result = reader(path)
+        except TranslationDataError as error:
+            assert_one_line_error(error, f"{path}:")
+            return None
+        return result, Path(path).read_bytes().decode("utf-8-sig")

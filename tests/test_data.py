@@ -3,15 +3,13 @@ name the file and line (or the dataset row) of the first bad input."""
 
 import json
 import re
-import tempfile
-from pathlib import Path
 
 import datasets
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from helpers import FUZZ_SETTINGS, HOSTILE_LINES, RAW_LINES, assert_one_line_error, write_bytes_lines, write_lines
+from helpers import FUZZ_SETTINGS, HOSTILE_LINES, RAW_LINES, read_fuzzed_file, write_bytes_lines, write_lines
 from hf_vanilla_transformer.data import (
     TranslationDataError,
     file_sentences,
@@ -108,13 +106,10 @@ def test_a_byte_order_mark_line_separators_and_a_10_mb_sentence_are_read_as_text
 @given(lines=st.lists(RAW_LINES, max_size=5), bom=st.booleans())
 @example(lines=HOSTILE_LINES, bom=False)
 def test_any_translation_file_gives_checked_pairs_or_one_line_naming_file_and_line(lines, bom):
-    with tempfile.TemporaryDirectory() as folder:
-        path = write_bytes_lines(Path(folder), "fuzz.jsonl", lines, bom)
-        try:
-            pairs = list(read_translation_file(path, "en", "de"))
-        except TranslationDataError as error:
-            assert_one_line_error(error, f"{path}:", f"{path}: no sentence pairs")
-            return
+    read = read_fuzzed_file(lambda path: list(read_translation_file(path, "en", "de")), lines, bom, "fuzz.jsonl")
+    if read is None:
+        return
+    pairs, _ = read
     assert 0 < len(pairs) <= len(lines)
     for pair in pairs:
         for sentence in pair:
@@ -124,14 +119,10 @@ def test_any_translation_file_gives_checked_pairs_or_one_line_naming_file_and_li
 @FUZZ_SETTINGS
 @given(lines=st.lists(RAW_LINES, max_size=5), bom=st.booleans())
 def test_any_text_file_gives_its_non_blank_lines_or_one_line_naming_file_and_line(lines, bom):
-    with tempfile.TemporaryDirectory() as folder:
-        path = write_bytes_lines(Path(folder), "fuzz.txt", lines, bom)
-        try:
-            sentences = list(read_text_file(path))
-        except TranslationDataError as error:
-            assert_one_line_error(error, f"{path}:", f"{path}: no sentences")
-            return
-        text = Path(path).read_bytes().decode("utf-8-sig")
+    read = read_fuzzed_file(lambda path: list(read_text_file(path)), lines, bom, "fuzz.txt")
+    if read is None:
+        return
+    sentences, text = read
     assert sentences == [line.rstrip("\r") for line in text.split("\n") if line.strip()]
 
 

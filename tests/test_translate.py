@@ -6,9 +6,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -21,12 +19,11 @@ from helpers import (
     RAW_LINES,
     SENTENCES,
     TRAIN,
-    assert_one_line_error,
     generate_text,
-    write_bytes_lines,
+    read_fuzzed_file,
     write_lines,
 )
-from hf_vanilla_transformer.data import TranslationDataError, read_translation_file
+from hf_vanilla_transformer.data import read_translation_file
 from hf_vanilla_transformer.translate import load_translator, read_lines, translate_lines
 
 
@@ -103,15 +100,11 @@ def test_any_lines_give_one_line_of_translation_each(translator, lines):
 @FUZZ_SETTINGS
 @given(lines=st.lists(RAW_LINES, max_size=5), bom=st.booleans())
 def test_any_input_file_is_its_lines_or_one_line_naming_file_and_line(lines, bom):
-    with tempfile.TemporaryDirectory() as folder:
-        path = write_bytes_lines(Path(folder), "input.txt", lines, bom)
-        try:
-            read = read_lines(path)
-        except TranslationDataError as error:
-            assert_one_line_error(error, f"{path}:")
-            return
-        text = Path(path).read_bytes().decode("utf-8-sig")
-    assert read == [line.rstrip("\r") for line in text.split("\n")[:-1]]
+    read = read_fuzzed_file(read_lines, lines, bom, "input.txt")
+    if read is None:
+        return
+    got, text = read
+    assert got == [line.rstrip("\r") for line in text.split("\n")[:-1]]
 
 
 def test_binary_input_a_broken_model_and_blank_lines_end_cleanly(trained_run, tmp_path):
