@@ -343,7 +343,7 @@ def write_model_card(trainer, run: Run, card_results: dict, results: dict, examp
         example_translation=example[1],
         attention_picture=picture and os.path.basename(picture),
     )
-    card.save(os.path.join(args.output_dir, "README.md"))
+    write_text_atomically(os.path.join(args.output_dir, "README.md"), str(card))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ same size on CTranslate2 (converted by CTranslate2's own transformers converter)
 Two modes, each at batch 64 and batch 1:
 - "translate": the trained model translates the 1,000 Multi30k test sources as vanilla-translate does (sorted by
   length, beam 4, length penalty 0.6, at most source length + 50 tokens), through `generate()` and through our
-  CTranslate2 exports; sentences/s, target tokens/s, BLEU (sacreBLEU 13a against the references).
+  CTranslate2 exports, and so does a MarianMTModel of our size trained on the same data for the same 24 minutes
+  (--marian, converted by CTranslate2's converter, with its own tokenizer); sentences/s, target tokens/s (the
+  output's tokens in our tokenizer, one yardstick for all), BLEU (sacreBLEU 13a against the references).
 - "fixed length": every system writes exactly --new_tokens tokens per sentence at beam 4, so that our export and an
-  untrained MarianMTModel of the same shape (no trained Marian of this size exists here) do equal work.
+  untrained MarianMTModel of the same shape and the same token strings do equal work.
 Every measurement runs in a process of its own (idle threads of one engine would slow another in a shared process),
 the systems in turn within each repetition; medians of --repetitions. Threads: torch's default (2 here) for
 generate(), CTranslate2 as vanilla-translate sets it on a CPU (a batch per core, one thread each). Peak RSS is each
@@ -28,6 +30,7 @@ import tempfile
 import time
 
 import sacrebleu
+import torch
 
 from bench.common import MULTI30K, machine, marian_like, write_results
 from hf_vanilla_transformer.data import read_translation_file
@@ -70,6 +73,58 @@ def marian_exports(model_path: str, folder: str) -> dict[str, str]:
         TransformersConverter(source).convert(exports[quantization], quantization=quantization)
         for name in CARRIED_FILES:  # our tokenizer gives the same token strings; the bench feeds tokens
             shutil.copy(os.path.join(model_path, name), exports[quantization])
+    return exports
+
+
+def with_pad_last(marian_path: str, folder: str) -> str:
+    """`marian_path` (a MarianMTModel whose <pad> is token 0, as `bench.stock_marian_translation` trains it) with
+    <pad> moved to the end of the vocabulary, where CTranslate2's Marian converter expects it (OPUS-MT's layout:
+    it drops the last row, as Marian starts decoding from a zero embedding). The same function: the embedding rows
+    and the output bias are permuted as the token ids are."""
+    from transformers import MarianMTModel
+
+    model = MarianMTModel.from_pretrained(marian_path)
+    pad, size = model.config.pad_token_id, model.config.vocab_size
+    if pad != 0:
+        raise ValueError(f"{marian_path}: <pad> is token {pad}, not 0")
+    order = torch.cat([torch.arange(1, size), torch.tensor([0])])  # new id i holds old id order[i]
+    with torch.no_grad():
+        model.model.shared.weight.copy_(model.model.shared.weight[order])
+        model.final_logits_bias.copy_(model.final_logits_bias[:, order])
+    new_id = {old: new for new, old in enumerate(order.tolist())}
+    for config in (model.config, model.generation_config):
+        for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id", "forced_eos_token_id"):
+            if isinstance(getattr(config, name, None), int):
+                setattr(config, name, new_id[getattr(config, name)])
+    output = os.path.join(folder, "trained-marian-pad-last")
+    model.save_pretrained(output)
+    with open(os.path.join(marian_path, "tokenizer.json"), encoding="utf-8") as file:
+        tokenizer = json.load(file)
+    tokenizer["model"]["vocab"] = {token: new_id[index] for token, index in tokenizer["model"]["vocab"].items()}
+    for token in tokenizer["added_tokens"]:
+        token["id"] = new_id[token["id"]]
+    for special in tokenizer["post_processor"]["special_tokens"].values():
+        special["ids"] = [new_id[index] for index in special["ids"]]
+    with open(os.path.join(output, "tokenizer.json"), "w", encoding="utf-8") as file:
+        json.dump(tokenizer, file, ensure_ascii=False)
+    shutil.copy(os.path.join(marian_path, "tokenizer_config.json"), output)
+    return output
+
+
+def trained_marian_exports(marian_path: str, model_path: str, folder: str) -> dict[str, str]:
+    """A trained MarianMTModel of our size (`bench.stock_marian_translation`'s), converted by CTranslate2's own
+    converter, with its own tokenizer and our decoding settings (beam 4, length penalty 0.6, source + 50)."""
+    from ctranslate2.converters import TransformersConverter
+
+    source = with_pad_last(marian_path, folder)
+    exports = {}
+    for quantization in QUANTIZATIONS:
+        exports[quantization] = os.path.join(folder, f"trained-marian-{quantization}")
+        TransformersConverter(source).convert(exports[quantization], quantization=quantization)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(source, name), exports[quantization])
+        # CTranslate2Translator reads only the decoding settings from it
+        shutil.copy(os.path.join(model_path, "generation_config.json"), exports[quantization])
     return exports
 
 
@@ -117,6 +172,12 @@ def measure(system: str, folder: str, mode: str, batch_size: int, count: int, ne
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="runs/multi30k-small")
+    parser.add_argument(
+        "--marian",
+        default="runs/stock-marian-multi30k",
+        help="A trained MarianMTModel folder (python -m bench.stock_marian_translation --data multi30k "
+        "--source_lang en --target_lang de --minutes 24); skipped when missing.",
+    )
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--batch1_sentences", type=int, default=200, help="Sources translated one at a time.")
     parser.add_argument("--new_tokens", type=int, default=20)
@@ -135,9 +196,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         ours = {q: export(args.model, os.path.join(folder, f"ours-{q}"), q) for q in QUANTIZATIONS}
         marian = marian_exports(args.model, folder)
+        trained = trained_marian_exports(args.marian, args.model, folder) if os.path.isdir(args.marian) else {}
         modes = {
             "translate": {"ours generate()": ("generate", args.model),
-                          **{f"ours CTranslate2 {q}": ("ctranslate2", ours[q]) for q in QUANTIZATIONS}},
+                          **{f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
+                             for system, exports in (("ours", ours), ("Marian", trained)) for q in exports}},
             "fixed_length": {f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
                              for system, exports in (("ours", ours), ("Marian", marian)) for q in QUANTIZATIONS},
         }  # fmt: skip
@@ -160,11 +223,8 @@ def main() -> None:
                         figures["target_tokens_per_second"] = round(tokens / medians[name], 1)
                         figures["speedup_over_generate"] = round(medians["ours generate()"] / medians[name], 2)
                         figures["bleu"] = round(sacrebleu.corpus_bleu(output, [references[:count]]).score, 2)
-                    else:
-                        q = name.rsplit(" ", 1)[1]
-                        figures["ours_over_marian"] = round(
-                            medians[f"Marian CTranslate2 {q}"] / medians[f"ours CTranslate2 {q}"], 3
-                        )
+                    if name.startswith("ours CTranslate2") and name.replace("ours", "Marian") in medians:
+                        figures["ours_over_marian"] = round(medians[name.replace("ours", "Marian")] / medians[name], 3)
                     results[mode][f"{name}, batch {batch_size}"] = figures
                     print(f"{mode}, {name}, batch {batch_size}: {figures}", flush=True)
     # a partial run (a recheck of one mode or batch size) gets a file of its own

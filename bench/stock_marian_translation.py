@@ -9,7 +9,8 @@ scaled and tied embeddings, dropout 0.1; Seq2SeqTrainer with batches of 128 sent
 (0.9, 0.98, 1e-9), no weight decay, the stock gradient clipping (1.0), the `inverse_sqrt` schedule with peak 1e-3
 after 400 warmup steps, label smoothing 0.1; training stops after `--minutes`; beam 4 (no length penalty) with room
 for 256 tokens. Scored with this project's metric: sacreBLEU tokenized for the target language, and chrF.
-Writes bench/results/stock_marian_<data>.json and the test translations next to it.
+Writes bench/results/stock_marian_<data>.json; the model, its tokenizer and the test translations go to
+--output_dir.
 """
 
 import argparse
@@ -124,6 +125,7 @@ def main():
         callbacks=[TimeLimitCallback(args.minutes)],
     )
     train_result = trainer.train()
+    trainer.save_model(output_dir)  # the model and its tokenizer, for bench.bench_ctranslate2's Marian rows
 
     # transformers 5.24 evaluates in length-grouped order too when training is (Trainer._get_eval_sampler), which
     # returns the predictions shuffled against the references: evaluate in order, as a careful stock user must.

@@ -86,9 +86,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     Pairs are sorted by (source length, target length), ties broken at random each epoch, and cut into batches
     that stay within the budget once padded: len(batch) * longest source <= max_tokens, and the same for targets.
     The batches are then shuffled (same seed on every process) and dealt out round-robin, so each of the
-    `num_replicas` processes gets a disjoint share and every pair is seen exactly once per epoch. If the number of
-    batches does not divide evenly, the largest batches are halved until it does, as every process must run the
-    same number of steps. A pair longer than the budget on its own forms a batch alone.
+    `num_replicas` processes gets a disjoint share and every pair is seen exactly once per epoch. An optimizer step
+    takes `num_replicas * accumulation_steps` batches; if the number of batches is not a multiple of that, the
+    largest batches are halved until it is, as every process must run the same number of steps. So N processes and
+    one process accumulating N batches get the same batches in the same order. A pair longer than the budget on its
+    own forms a batch alone.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         shuffle: bool = True,
         seed: int = 0,
+        accumulation_steps: int = 1,
     ):
         if len(source_lengths) != len(target_lengths):
             raise ValueError("source_lengths and target_lengths differ in length")
@@ -107,6 +110,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        if accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be positive, got {accumulation_steps}")
         self.source_lengths = list(source_lengths)
         self.target_lengths = list(target_lengths)
         self.max_tokens = max_tokens
@@ -114,6 +119,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.shuffle = shuffle
         self.seed = seed
+        self.accumulation_steps = accumulation_steps
         self.epoch = 0
         self._length = len(self._all_batches(epoch=0)) // num_replicas
 
@@ -145,10 +151,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         if batch:
             batches.append(batch)
 
-        while len(batches) % self.num_replicas:
+        per_step = self.num_replicas * self.accumulation_steps
+        while len(batches) % per_step:
             largest = max(range(len(batches)), key=lambda b: len(batches[b]))
             if len(batches[largest]) < 2:
-                raise ValueError(f"{len(order)} examples cannot be shared among {self.num_replicas} processes")
+                raise ValueError(
+                    f"{len(order)} examples cannot fill the {per_step} batches of a step "
+                    f"({self.num_replicas} processes x {self.accumulation_steps} accumulation steps)"
+                )
             half = len(batches[largest]) // 2
             batches[largest : largest + 1] = [batches[largest][:half], batches[largest][half:]]
         if self.shuffle:
@@ -285,6 +295,7 @@ class TimeBudgetProgressCallback(ProgressCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and self.training_bar is not None and "loss" in (logs or {}):
             self.postfix["loss"] = f"{logs['loss']:.4g}"
+            self.training_bar.set_postfix(self.postfix)  # now: the last step's loss comes after its step end
         super().on_log(args, state, control, logs=logs, **kwargs)
 
 
@@ -300,7 +311,8 @@ class TranslationTrainer(Seq2SeqTrainer):
       (`checkpoint_folders`), and a checkpoint at which training is over trains no further (`train`);
     - evaluation and prediction in dataset order, always: transformers 5 also applies
       `train_sampling_strategy="group_by_length"` to evaluation, whose predictions then come back shuffled, out of
-      line with the references they are scored against.
+      line with the references they are scored against;
+    - and one prediction per example on several processes (Seq2SeqTrainer keeps the repeated padding examples).
 
     With plain `Seq2SeqTrainingArguments` it is the plain `Seq2SeqTrainer`. The train dataset needs `input_ids` and
     `labels` columns for token budgets.
@@ -351,6 +363,7 @@ class TranslationTrainer(Seq2SeqTrainer):
             num_replicas=self.args.world_size,
             rank=self.args.process_index,
             seed=self.args.seed,
+            accumulation_steps=self.args.gradient_accumulation_steps,
         )
         dataloader = self.accelerator.prepare(
             DataLoader(
@@ -370,19 +383,32 @@ class TranslationTrainer(Seq2SeqTrainer):
     def _get_eval_sampler(self, eval_dataset) -> Sampler | None:
         sampler = super()._get_eval_sampler(eval_dataset)
         if isinstance(sampler, LengthGroupedSampler):
-            return SequentialSampler(eval_dataset)
+            # what the Trainer gives without length grouping: on several processes, none, so that accelerate shards
+            # the batches and drops the padding batches when it gathers (a sampler of ours would keep them)
+            return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
         return sampler
+
+    def evaluation_loop(self, *args, **kwargs):
+        # Seq2SeqTrainer.evaluate/predict (transformers 5.24) gather with `accelerator.gather`, which on several
+        # processes keeps the samples accelerate repeats to fill the last batch: 32 predictions for 24 references.
+        # `gather_for_metrics` drops them.
+        self.gather_function = self.accelerator.gather_for_metrics
+        return super().evaluation_loop(*args, **kwargs)
 
     def average_checkpoints_into_model(self) -> list[str]:
         """Section 6.1: load into the model the average of the last `args.average_last_checkpoints` checkpoints in
         `args.output_dir`, the final step's included (saved first if it was not a save step). Returns their folders.
         """
         count = self.args.average_last_checkpoints
+        # Every process averages into its own model (each evaluates next), from checkpoints that only the main
+        # process writes: all must see the same complete folders, so wait for its writing before and after.
+        self.accelerator.wait_for_everyone()
         folders = checkpoint_folders(self.args.output_dir)
         final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
         if final not in folders:  # a whole checkpoint, so that a run stopped from here on resumes from it
             self._save_checkpoint(self.model, trial=None)
             folders.append(final)
+        self.accelerator.wait_for_everyone()
         chosen = folders[-count:]
         if len(chosen) < count:
             logger.warning("Only %d checkpoints to average (asked for %d)", len(chosen), count)

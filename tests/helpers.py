@@ -278,3 +278,53 @@ def read_fuzzed_file(reader, lines: list[bytes], bom: bool, name: str):
             assert_one_line_error(error, f"{path}:")
             return None
         return result, Path(path).read_bytes().decode("utf-8-sig")
+
+
+# Python's audit hooks see every file a process opens for writing, renames or removes from Python code (transformers'
+# JSON files, our atomic writes); `sitecustomize` installs one in each process a launcher starts.
+WRITE_AUDIT = """
+import os, sys
+
+def _install(log_dir, root):
+    log = open(os.path.join(log_dir, f"{os.environ.get('RANK', 'single')}-{os.getpid()}.txt"), "a", buffering=1)
+    root = os.path.realpath(root) + os.sep
+
+    def record(what, path):
+        if isinstance(path, (str, bytes, os.PathLike)):
+            path = os.path.realpath(os.fsdecode(path))
+            if path.startswith(root):
+                log.write(f"{what} {path[len(root):]}\\n")
+
+    def hook(event, args):
+        if event == "open" and (any(c in args[1] for c in "wax+") if args[1] else args[2] & (os.O_WRONLY | os.O_RDWR)):
+            record("write", args[0])
+        elif event in ("os.rename", "os.replace"):
+            record(event, args[1])
+        elif event == "os.remove":
+            record(event, args[0])
+
+    sys.addaudithook(hook)
+
+if os.environ.get("WRITE_AUDIT_DIR"):
+    _install(os.environ["WRITE_AUDIT_DIR"], os.environ["WRITE_AUDIT_ROOT"])
+"""
+
+
+def write_audit_env(folder: Path, root: Path) -> dict:
+    """The environment for a launched command whose writes under `root` are to be recorded in `folder`, one log per
+    process named by its RANK ("single" outside a launcher); read them with `audited_writes`."""
+    (folder / "site").mkdir(parents=True)
+    (folder / "site" / "sitecustomize.py").write_text(WRITE_AUDIT)
+    python_path = os.pathsep.join(filter(None, [str(folder / "site"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": python_path, "WRITE_AUDIT_DIR": str(folder), "WRITE_AUDIT_ROOT": str(root)}
+
+
+def audited_writes(folder: Path) -> dict[str, list[str]]:
+    """{rank: ["write PATH", "os.replace PATH", ...]} of the processes `write_audit_env` recorded, paths relative
+    to the root; the launcher itself, if it wrote nothing there, is left out."""
+    writes = {}
+    for log in sorted(folder.glob("*-*.txt")):
+        lines = log.read_text().splitlines()
+        if lines:
+            writes.setdefault(log.name.split("-")[0], []).extend(lines)
+    return writes

@@ -85,6 +85,21 @@ def test_two_ranks_get_disjoint_equal_shares_of_everything():
     assert sum(len(batch) for rank_batches in batches for batch in rank_batches) == 777
 
 
+@pytest.mark.parametrize("count", [777, 778, 779, 780])
+def test_n_processes_get_the_batches_of_one_process_accumulating_n(count):
+    """Step k of one process accumulating 2 batches takes the batches that rank 0 and rank 1 take at step k, for
+    any number of batches (odd counts are evened out the same way in both)."""
+    sources, targets = lengths(count, seed=count)
+    one = TokenBudgetBatchSampler(sources, targets, 256, seed=5, accumulation_steps=2)
+    ranks = [TokenBudgetBatchSampler(sources, targets, 256, num_replicas=2, rank=rank, seed=5) for rank in (0, 1)]
+    for sampler in (one, *ranks):
+        sampler.set_epoch(1)
+    accumulated = list(one)
+    assert len(accumulated) % 2 == 0 and len(accumulated) == 2 * len(ranks[0])
+    assert [batch for pair in zip(*ranks, strict=True) for batch in pair] == accumulated
+    assert sorted(i for batch in accumulated for i in batch) == list(range(count))
+
+
 def test_an_example_longer_than_the_budget_is_a_batch_of_its_own():
     sampler = TokenBudgetBatchSampler([5, 500, 6, 7], [5, 20, 6, 7], max_tokens=100, shuffle=False)
     assert sorted(map(sorted, sampler)) == [[0, 2, 3], [1]]
@@ -95,8 +110,10 @@ def test_bad_sampler_arguments():
         TokenBudgetBatchSampler([1], [1], max_tokens=0)
     with pytest.raises(ValueError, match="rank 2 is not in"):
         TokenBudgetBatchSampler([1], [1], max_tokens=10, num_replicas=2, rank=2)
-    with pytest.raises(ValueError, match="1 examples cannot be shared among 2 processes"):
+    with pytest.raises(ValueError, match=r"1 examples cannot fill the 2 batches of a step \(2 processes x 1"):
         TokenBudgetBatchSampler([1], [1], max_tokens=10, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="accumulation_steps must be positive, got 0"):
+        TokenBudgetBatchSampler([1], [1], max_tokens=10, accumulation_steps=0)
 
 
 @pytest.mark.parametrize("d_model, warmup, scale", [(512, 4000, 1.0), (256, 500, 0.36), (1024, 100, 2.0)])
