@@ -9,12 +9,14 @@ Two modes, each at batch 64 and batch 1:
   CTranslate2 exports, and so does a MarianMTModel of our size trained on the same data for the same 24 minutes
   (--marian, converted by CTranslate2's converter, with its own tokenizer); sentences/s, target tokens/s (the
   output's tokens in our tokenizer, one yardstick for all), BLEU (sacreBLEU 13a against the references).
-- "fixed length": every system writes exactly --new_tokens tokens per sentence at beam 4, so that our export and an
-  untrained MarianMTModel of the same shape and the same token strings do equal work.
-Every measurement runs in a process of its own (idle threads of one engine would slow another in a shared process),
-the systems in turn within each repetition; medians of --repetitions. Threads: torch's default (2 here) for
-generate(), CTranslate2 as vanilla-translate sets it on a CPU (a batch per core, one thread each). Peak RSS is each
-measuring process's (`ru_maxrss`). Writes bench/results/ctranslate2.json.
+- "fixed length": every system writes exactly --new_tokens tokens per sentence at beam 4, so that our exports and
+  an untrained MarianMTModel of the same shape and the same token strings do equal work. These are measured side by
+  side in one process (CTranslate2 only, no torch), chunk by chunk in rotating order, --repetitions passes over the
+  1,000 sources; with a control, our float32 export loaded twice, whose ratio to itself shows the noise floor.
+"translate" measurements run each in a process of their own (idle threads of one engine would slow another in a
+shared process), the systems in turn within each repetition; medians of --repetitions. Threads: torch's default
+(2 here) for generate(), CTranslate2 as vanilla-translate sets it on a CPU (a batch per core, one thread each).
+Peak RSS is each measuring process's (`ru_maxrss`). Writes bench/results/ctranslate2.json.
 """
 
 import argparse
@@ -128,45 +130,106 @@ def trained_marian_exports(marian_path: str, model_path: str, folder: str) -> di
     return exports
 
 
-def worker(system: str, folder: str, mode: str, batch_size: int, count: int, new_tokens: int) -> dict:
-    """One measurement in a process of its own: idle threads of one engine (CTranslate2's workers, torch's pool)
-    must not slow another down. Loads, warms up on one batch, then times the translation of the first `count`
-    sources; reports seconds, the translations and this process's peak RSS."""
-    pairs = list(read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de"))
-    sources = [source for source, _ in pairs][:count]
+def translate_worker(system: str, folder: str, batch_size: int, count: int) -> dict:
+    """One "translate" measurement in a process of its own: idle threads of one engine (CTranslate2's workers,
+    torch's pool) must not slow another down. Loads, warms up on one batch, then times the translation of the first
+    `count` sources; reports seconds, the translations and this process's peak RSS."""
+    sources = [source for source, _ in test_pairs()][:count]
     translator = PipelineTranslator(folder, "cpu") if system == "generate" else CTranslate2Translator(folder, "cpu")
-    if mode == "translate":
-        translate_lines(translator, sources[:batch_size], batch_size, {}, show_progress=False)
-        start = time.perf_counter()
-        translations = translate_lines(translator, sources, batch_size, {}, show_progress=False)
-        seconds = time.perf_counter() - start
-    else:  # every sentence exactly new_tokens tokens, beam 4, threads as for translating
-        tokenizer = translator.tokenizer
-        ordered = sorted(sources, key=len, reverse=True)
-        tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(ordered)["input_ids"]]
-
-        def run(selection):
-            translator.translator.translate_batch(
-                selection, beam_size=4, length_penalty=0.6, min_decoding_length=new_tokens,
-                max_decoding_length=new_tokens, max_batch_size=batch_size,
-            )  # fmt: skip
-
-        run(tokens[:batch_size])
-        start = time.perf_counter()
-        run(tokens)
-        seconds = time.perf_counter() - start
-        translations = []
-    return {"seconds": seconds, "translations": translations,
+    translate_lines(translator, sources[:batch_size], batch_size, {}, show_progress=False)
+    start = time.perf_counter()
+    translations = translate_lines(translator, sources, batch_size, {}, show_progress=False)
+    return {"seconds": time.perf_counter() - start, "translations": translations,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
 
 
-def measure(system: str, folder: str, mode: str, batch_size: int, count: int, new_tokens: int) -> dict:
-    command = [sys.executable, "-m", "bench.bench_ctranslate2", "--worker", json.dumps(
-        [system, folder, mode, batch_size, count, new_tokens])]  # fmt: skip
+def fixed_length_worker(folders: dict[str, str], batch_size: int, new_tokens: int, passes: int) -> dict:
+    """Equal work side by side in one process: every system writes exactly `new_tokens` tokens for each of the test
+    sources (our token strings, longest first) at beam 4. The sources are cut into chunks of one call each (a
+    batch per CTranslate2 worker); each chunk is translated by every system in turn, the order rotating from
+    chunk to chunk, so that a slow moment of a shared machine falls on all alike. Reports each system's wall and
+    CPU seconds in all, and its seconds per chunk."""
+    translators = {name: CTranslate2Translator(folder, "cpu") for name, folder in folders.items()}
+    tokenizer = next(iter(translators.values())).tokenizer
+    ordered = sorted((source for source, _ in test_pairs()), key=len, reverse=True)
+    tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(ordered)["input_ids"]]
+    size = batch_size * next(iter(translators.values())).batches_per_call
+    chunks = [tokens[start : start + size] for start in range(0, len(tokens), size)]
+
+    def run(name, selection):
+        translators[name].translator.translate_batch(
+            selection, beam_size=4, length_penalty=0.6, min_decoding_length=new_tokens,
+            max_decoding_length=new_tokens, max_batch_size=batch_size,
+        )  # fmt: skip
+
+    names = list(translators)
+    for name in names:
+        run(name, chunks[0])
+    wall, cpu, per_chunk = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0.0), {name: [] for name in names}
+    for turn, selection in enumerate(chunks * passes):
+        for name in names[turn % len(names) :] + names[: turn % len(names)]:
+            started, cpu_started = time.perf_counter(), time.process_time()
+            run(name, selection)
+            per_chunk[name].append(time.perf_counter() - started)
+            wall[name] += per_chunk[name][-1]
+            cpu[name] += time.process_time() - cpu_started
+    return {"sentences": len(tokens) * passes, "wall_seconds": wall, "cpu_seconds": cpu, "chunk_seconds": per_chunk}
+
+
+WORKERS = {"translate": translate_worker, "fixed_length": fixed_length_worker}
+
+
+def in_own_process(worker: str, *arguments) -> dict:
+    command = [sys.executable, "-m", "bench.bench_ctranslate2", "--worker", json.dumps([worker, *arguments])]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-3000:])
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_pairs() -> list[tuple[str, str]]:
+    return list(read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de"))
+
+
+def translate_figures(args, exports: dict[str, tuple[str, str]], batch_size: int, references: list[str]) -> dict:
+    """Each system in a process of its own, in turn within each repetition; medians."""
+    count = len(references) if batch_size > 1 else args.batch1_sentences
+    runs = {name: [] for name in exports}
+    for _ in range(args.repetitions):
+        for name, (system, folder) in exports.items():
+            runs[name].append(in_own_process("translate", system, folder, batch_size, count))
+    medians = {name: statistics.median(run["seconds"] for run in runs[name]) for name in runs}
+    tokenizer = load_tokenizer(args.model, "model_path")
+    figures = {}
+    for name, measured in runs.items():
+        output = measured[0]["translations"]
+        figures[name] = {
+            "sentences_per_second": round(count / medians[name], 2),
+            "target_tokens_per_second": round(sum(map(len, tokenizer(output)["input_ids"])) / medians[name], 1),
+            "speedup_over_generate": round(medians["ours generate()"] / medians[name], 2),
+            "bleu": round(sacrebleu.corpus_bleu(output, [references[:count]]).score, 2),
+            "peak_rss_mib": round(max(run["peak_rss_mib"] for run in measured), 1),
+        }
+        if name.startswith("ours CTranslate2") and name.replace("ours", "Marian") in medians:
+            figures[name]["ours_over_marian"] = round(medians[name.replace("ours", "Marian")] / medians[name], 3)
+    return figures
+
+
+def fixed_length_figures(args, exports: dict[str, str], batch_size: int) -> dict:
+    measured = in_own_process("fixed_length", exports, batch_size, args.new_tokens, args.repetitions)
+    wall, cpu, per_chunk = measured["wall_seconds"], measured["cpu_seconds"], measured["chunk_seconds"]
+    figures = {name: {"sentences_per_second": round(measured["sentences"] / wall[name], 2)} for name in exports}
+    for name in exports:
+        peer = name.replace("ours", "Marian") if "again" not in name else name.replace(", again", "")
+        if peer != name:  # ours against Marian, and the control: the same export against itself
+            figures[name]["ours_over_peer"] = {
+                "peer": peer,
+                "wall": round(wall[peer] / wall[name], 3),
+                "cpu": round(cpu[peer] / cpu[name], 3),
+                "median_chunk": round(statistics.median(
+                    theirs / mine for theirs, mine in zip(per_chunk[peer], per_chunk[name], strict=True)), 3),
+            }  # fmt: skip
+    return figures
 
 
 def main() -> None:
@@ -179,54 +242,48 @@ def main() -> None:
         "--source_lang en --target_lang de --minutes 24); skipped when missing.",
     )
     parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--batch1_sentences", type=int, default=200, help="Sources translated one at a time.")
+    parser.add_argument(
+        "--batch1_sentences",
+        type=int,
+        default=200,
+        help="Sources translated one at a time by generate() and the exports (translate mode).",
+    )
     parser.add_argument("--new_tokens", type=int, default=20)
     parser.add_argument("--modes", nargs="+", default=["translate", "fixed_length"], help="Which modes to run.")
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[64, 1], help="64 and/or 1.")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(*json.loads(args.worker))))
+        worker, *arguments = json.loads(args.worker)
+        print(json.dumps(WORKERS[worker](*arguments)))
         return
 
-    pairs = list(read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de"))
-    references = [target for _, target in pairs]
-    results = {"machine": machine(), "model": args.model, "sentences": len(pairs), "repetitions": args.repetitions,
-               "translate": {}, "fixed_length": {}}  # fmt: skip
+    references = [target for _, target in test_pairs()]
+    results = {"machine": machine(), "model": args.model, "sentences": len(references),
+               "repetitions": args.repetitions, "translate": {}, "fixed_length": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         ours = {q: export(args.model, os.path.join(folder, f"ours-{q}"), q) for q in QUANTIZATIONS}
         marian = marian_exports(args.model, folder)
         trained = trained_marian_exports(args.marian, args.model, folder) if os.path.isdir(args.marian) else {}
-        modes = {
-            "translate": {"ours generate()": ("generate", args.model),
-                          **{f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
-                             for system, exports in (("ours", ours), ("Marian", trained)) for q in exports}},
-            "fixed_length": {f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
-                             for system, exports in (("ours", ours), ("Marian", marian)) for q in QUANTIZATIONS},
+        translate_exports = {
+            "ours generate()": ("generate", args.model),
+            **{f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
+               for system, exports in (("ours", ours), ("Marian", trained)) for q in exports},
+        }  # fmt: skip
+        fixed_length_exports = {
+            **{f"{system} CTranslate2 {q}": exports[q] for system, exports in (("ours", ours), ("Marian", marian))
+               for q in QUANTIZATIONS},
+            "ours CTranslate2 float32, again": ours["float32"],  # the control: equal work, equal speed
         }  # fmt: skip
         for mode in args.modes:
-            systems = modes[mode]
             for batch_size in args.batch_sizes:
-                count = len(pairs) if batch_size > 1 else args.batch1_sentences
-                runs = {name: [] for name in systems}
-                for _ in range(args.repetitions):  # interleaved: each system once per repetition, in turn
-                    for name, (system, model) in systems.items():
-                        runs[name].append(measure(system, model, mode, batch_size, count, args.new_tokens))
-                medians = {name: statistics.median(run["seconds"] for run in runs[name]) for name in runs}
-                for name, measured in runs.items():
-                    figures = {"sentences_per_second": round(count / medians[name], 2),
-                               "peak_rss_mib": round(max(run["peak_rss_mib"] for run in measured), 1)}  # fmt: skip
-                    if mode == "translate":
-                        output = measured[0]["translations"]
-                        tokenizer = load_tokenizer(args.model, "model_path")
-                        tokens = sum(len(ids) for ids in tokenizer(output)["input_ids"])
-                        figures["target_tokens_per_second"] = round(tokens / medians[name], 1)
-                        figures["speedup_over_generate"] = round(medians["ours generate()"] / medians[name], 2)
-                        figures["bleu"] = round(sacrebleu.corpus_bleu(output, [references[:count]]).score, 2)
-                    if name.startswith("ours CTranslate2") and name.replace("ours", "Marian") in medians:
-                        figures["ours_over_marian"] = round(medians[name.replace("ours", "Marian")] / medians[name], 3)
-                    results[mode][f"{name}, batch {batch_size}"] = figures
-                    print(f"{mode}, {name}, batch {batch_size}: {figures}", flush=True)
+                if mode == "translate":
+                    figures = translate_figures(args, translate_exports, batch_size, references)
+                else:
+                    figures = fixed_length_figures(args, fixed_length_exports, batch_size)
+                for name, values in figures.items():
+                    results[mode][f"{name}, batch {batch_size}"] = values
+                    print(f"{mode}, {name}, batch {batch_size}: {values}", flush=True)
     # a partial run (a recheck of one mode or batch size) gets a file of its own
     partial = (args.modes, args.batch_sizes) != (["translate", "fixed_length"], [64, 1])
     name = "_".join(["ctranslate2", *args.modes, *(f"batch{size}" for size in args.batch_sizes)]) if partial else None
