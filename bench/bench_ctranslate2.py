@@ -12,7 +12,8 @@ Two modes, each at batch 64 and batch 1:
 - "fixed length": every system writes exactly --new_tokens tokens per sentence at beam 4, so that our exports and
   an untrained MarianMTModel of the same shape and the same token strings do equal work. These are measured side by
   side in one process (CTranslate2 only, no torch), chunk by chunk in rotating order, --repetitions passes over the
-  1,000 sources; with a control, our float32 export loaded twice, whose ratio to itself shows the noise floor.
+  1,000 sources. Each float32 export is loaded twice: the two copies' ratio shows the measurement floor, and
+  each float32 figure is the mean of the two.
 "translate" measurements run each in a process of their own (idle threads of one engine would slow another in a
 shared process), the systems in turn within each repetition; medians of --repetitions. Threads: torch's default
 (2 here) for generate(), CTranslate2 as vanilla-translate sets it on a CPU (a batch per core, one thread each).
@@ -216,19 +217,34 @@ def translate_figures(args, exports: dict[str, tuple[str, str]], batch_size: int
 
 
 def fixed_length_figures(args, exports: dict[str, str], batch_size: int) -> dict:
+    """Per system, the mean over its copies (a name and the same name + ", again": the same export loaded twice);
+    ours against Marian in the same mode; and, for systems loaded twice, the second copy against the first."""
     measured = in_own_process("fixed_length", exports, batch_size, args.new_tokens, args.repetitions)
-    wall, cpu, per_chunk = measured["wall_seconds"], measured["cpu_seconds"], measured["chunk_seconds"]
-    figures = {name: {"sentences_per_second": round(measured["sentences"] / wall[name], 2)} for name in exports}
+    copies = {}
     for name in exports:
-        peer = name.replace("ours", "Marian") if "again" not in name else name.replace(", again", "")
-        if peer != name:  # ours against Marian, and the control: the same export against itself
-            figures[name]["ours_over_peer"] = {
-                "peer": peer,
-                "wall": round(wall[peer] / wall[name], 3),
-                "cpu": round(cpu[peer] / cpu[name], 3),
+        copies.setdefault(name.removesuffix(", again"), []).append(name)
+
+    def mean(kind: str, system: str) -> float:
+        return statistics.mean(measured[kind][name] for name in copies[system])
+
+    def chunks(system: str) -> list[float]:
+        per_copy = [measured["chunk_seconds"][name] for name in copies[system]]
+        return [statistics.mean(seconds) for seconds in zip(*per_copy, strict=True)]
+
+    figures = {}
+    for system, names in copies.items():
+        figures[system] = {"sentences_per_second": round(measured["sentences"] / mean("wall_seconds", system), 2)}
+        peer = system.replace("ours", "Marian")
+        if peer != system:
+            figures[system]["ours_over_marian"] = {
+                "wall": round(mean("wall_seconds", peer) / mean("wall_seconds", system), 3),
+                "cpu": round(mean("cpu_seconds", peer) / mean("cpu_seconds", system), 3),
                 "median_chunk": round(statistics.median(
-                    theirs / mine for theirs, mine in zip(per_chunk[peer], per_chunk[name], strict=True)), 3),
+                    theirs / mine for theirs, mine in zip(chunks(peer), chunks(system), strict=True)), 3),
             }  # fmt: skip
+        if len(names) == 2:  # the control: equal work, so any difference is the measurement's
+            first, second = (measured["wall_seconds"][name] for name in names)
+            figures[system]["second_copy_over_first"] = round(first / second, 3)
     return figures
 
 
@@ -270,10 +286,10 @@ def main() -> None:
             **{f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
                for system, exports in (("ours", ours), ("Marian", trained)) for q in exports},
         }  # fmt: skip
-        fixed_length_exports = {
-            **{f"{system} CTranslate2 {q}": exports[q] for system, exports in (("ours", ours), ("Marian", marian))
-               for q in QUANTIZATIONS},
-            "ours CTranslate2 float32, again": ours["float32"],  # the control: equal work, equal speed
+        fixed_length_exports = {  # float32 twice each: the control, and a mean over where the weights land
+            f"{system} CTranslate2 {q}{copy}": exports[q]
+            for system, exports in (("ours", ours), ("Marian", marian)) for q in QUANTIZATIONS
+            for copy in (("", ", again") if q == "float32" else ("",))
         }  # fmt: skip
         for mode in args.modes:
             for batch_size in args.batch_sizes:
