@@ -154,6 +154,12 @@ def prepare(model_args, data_args, training_args) -> Run:
         logger.info("Resuming from %s", training_args.resume_from_checkpoint or "the start: no checkpoint yet")
     elif training_args.resume_from_checkpoint is None:
         check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and training_args.world_size == 1:  # each would train alone and overwrite the others' files
+        raise ValueError(
+            f"started as one of {launched} processes (WORLD_SIZE={launched}) that did not join one distributed run; "
+            "without a GPU, give --use_cpu true"
+        )
     if model_args.model_name_or_path is None and not training_args.do_train:
         raise ValueError("a new model must be trained: give --do_train or --model_name_or_path")
     if training_args.push_to_hub and not training_args.hub_model_id:

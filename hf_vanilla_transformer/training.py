@@ -78,6 +78,11 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Replace a non-empty output_dir (transformers 5 removed this setting)."}
     )
+    ddp_find_unused_parameters: bool | None = field(
+        default=False,
+        metadata={"help": "Every parameter takes part in every step; transformers' default (True) would make DDP "
+                  "walk the autograd graph once more each step."},
+    )  # fmt: skip
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):

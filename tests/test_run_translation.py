@@ -1,6 +1,7 @@
 """run_translation.py end to end on a slice of Multi30k, and its errors on bad input."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from helpers import (
     write_bytes_lines,
     write_lines,
 )
+from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
@@ -392,6 +394,35 @@ def test_only_the_main_process_writes_the_run(launched_runs, launch):
         assert f"write run/{checkpoint}/trainer_state.json" in written
     assert len((output / "generated_predictions.txt").read_text().splitlines()) == 24
     assert json.loads((output / "all_results.json").read_text())["predict_samples"] == 24
+
+
+def test_processes_that_do_not_join_one_run_are_an_error(tmp_path):
+    """`accelerate launch --multi_gpu` without a GPU and without --use_cpu starts 2 processes that each train alone
+    (transformers only warns): refused before anything is written."""
+    launcher = TWO_PROCESSES["accelerate launch"]
+    cpu = DISTRIBUTED_RUN.index("--use_cpu")
+    run = DISTRIBUTED_RUN[:cpu] + DISTRIBUTED_RUN[cpu + 2 :]
+    result = subprocess.run(
+        [sys.executable, *launcher, *run, "--output_dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "started as one of 2 processes (WORLD_SIZE=2) that did not join one distributed run" in result.stderr
+    assert "give --use_cpu true" in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_the_fsdp_recipe_is_an_accelerate_config_for_the_layers():
+    """recipes/accelerate_fsdp.yaml, read by accelerate's own loader: FSDP2, one unit per layer (accelerate takes the
+    layer classes from the model's `_no_split_modules`), full weights gathered for saving."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(REPO_ROOT / "recipes" / "accelerate_fsdp.yaml"))
+    assert config.distributed_type == "FSDP" and config.fsdp_config["fsdp_version"] == 2
+    assert config.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    assert VanillaTransformerForConditionalGeneration._no_split_modules == [
+        "VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]  # fmt: skip
 
 
 def test_resume_from_checkpoint(tmp_path):
