@@ -339,11 +339,16 @@ TWO_PROCESSES = {
 
 @pytest.fixture(scope="module")
 def launched_runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
-    """DISTRIBUTED_RUN as one process accumulating 2 batches a step, and on 2 processes by each launcher, with the
-    writes of every process recorded: {launch: (output folder, {rank: writes})}."""
+    """DISTRIBUTED_RUN as one process accumulating 2 batches a step (eager, and compiled by the Trainer's
+    --torch_compile), and on 2 processes by each launcher, with the writes of every process recorded:
+    {launch: (output folder, {rank: writes})}."""
     runs = {}
-    launches = {"one process": ([], ["--gradient_accumulation_steps", "2"]),
-                **{name: (launcher, []) for name, launcher in TWO_PROCESSES.items()}}  # fmt: skip
+    accumulating = ["--gradient_accumulation_steps", "2"]
+    launches = {
+        "one process": ([], accumulating),
+        "one process, compiled": ([], [*accumulating, "--torch_compile", "true"]),
+        **{name: (launcher, []) for name, launcher in TWO_PROCESSES.items()},
+    }
     for name, (launcher, extra) in launches.items():
         folder = tmp_path_factory.mktemp("launch")
         env = {**write_audit_env(folder / "audit", folder), "OMP_NUM_THREADS": "1"}
@@ -380,6 +385,18 @@ def test_two_processes_learn_what_one_process_accumulating_two_batches_learns(la
         torch.testing.assert_close(weights[1][key], tensor, rtol=0, atol=1e-6, msg=key)
     # the test sentences, shared out and gathered back in order, one translation each
     assert (two / "generated_predictions.txt").read_text() == (one / "generated_predictions.txt").read_text()
+
+
+def test_torch_compile_trains_and_evaluates_as_eager_does(launched_runs):
+    """The Trainer's --torch_compile (inductor) on our model: the same losses at each of 20 steps, the same weights
+    and the same test translations, within float32 rounding (measured: 5e-7 in the losses, 4e-6 in the weights)."""
+    eager, _ = launched_runs["one process"]
+    compiled, _ = launched_runs["one process, compiled"]
+    assert logged(compiled, "loss") == pytest.approx(logged(eager, "loss"), rel=0, abs=1e-5)
+    weights = load_file(eager / "model.safetensors"), load_file(compiled / "model.safetensors")
+    for key, tensor in weights[0].items():
+        torch.testing.assert_close(weights[1][key], tensor, rtol=0, atol=1e-4, msg=key)
+    assert (compiled / "generated_predictions.txt").read_text() == (eager / "generated_predictions.txt").read_text()
 
 
 @pytest.mark.parametrize("launch", TWO_PROCESSES)
