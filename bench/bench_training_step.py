@@ -14,6 +14,11 @@ model FLOPs utilisation = analytic FLOPs of the batch / step time / matmul FLOP/
 measures instead our step as the Trainer runs it with label smoothing (its `LabelSmoother` takes the labels, so
 the model is called without them) with the decoder's key/value cache built, as every training step did before
 the cache was left out of training steps, against the same step without it.
+
+    python -m bench.bench_training_step --preset small --repetitions 5 --torch_compile
+
+measures ours and MarianMTModel each eager and under torch.compile (inductor, default mode: what the Trainer's
+--torch_compile does), with the MFU of each; writes bench/results/training_step_compiled_<preset>.json.
 """
 
 import argparse
@@ -146,6 +151,9 @@ def main():
     parser.add_argument(
         "--label_smoother_cache", action="store_true", help="Compare our step with and without the decoder cache."
     )
+    parser.add_argument(
+        "--torch_compile", action="store_true", help="Ours and Marian, each eager and under torch.compile (inductor)."
+    )
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -171,12 +179,21 @@ def main():
         print(f"after / before: {results['speedup_after']:.3f}x")
         print("wrote", write_results(f"training_step_label_smoother_cache_{args.preset}", results))
         return
-    candidates = {
-        "ours": step_function(ours, batches, hf_loss),
-        "MarianMTModel": step_function(marian_like(config), batches, hf_loss),
-        "torch.nn.Transformer": step_function(TorchTransformerTranslator(config), batches, torch_loss),
-    }
-    for run in candidates.values():  # warm-up
+    marian = marian_like(config)
+    if args.torch_compile:  # each model eager and compiled (inductor, the Trainer's --torch_compile default)
+        candidates = {
+            "ours": step_function(ours, batches, hf_loss),
+            "ours, compiled": step_function(torch.compile(copy.deepcopy(ours)), batches, hf_loss),
+            "MarianMTModel": step_function(marian, batches, hf_loss),
+            "MarianMTModel, compiled": step_function(torch.compile(copy.deepcopy(marian)), batches, hf_loss),
+        }
+    else:
+        candidates = {
+            "ours": step_function(ours, batches, hf_loss),
+            "MarianMTModel": step_function(marian, batches, hf_loss),
+            "torch.nn.Transformer": step_function(TorchTransformerTranslator(config), batches, torch_loss),
+        }
+    for run in candidates.values():  # warm-up (and compilation: the batches' shapes make dynamo go dynamic)
         run()
     matmul = matmul_flops_per_second()
     medians = interleaved_medians(candidates, args.repetitions)
@@ -184,7 +201,8 @@ def main():
 
     rates = {name: target_tokens / seconds for name, seconds in medians.items()}
     flops = sum(training_flops(config, b) for b in batches)
-    mfu = flops / medians["ours"] / max(matmul, matmul_after)
+    mfus = {name: flops / seconds / max(matmul, matmul_after) for name, seconds in medians.items()}
+    mfu = mfus["ours"]
     padded = sum(b["labels"].numel() for b in batches)
     results = {
         "machine": machine(),
@@ -201,13 +219,25 @@ def main():
         "mfu": round(mfu, 3),
         "repetitions": args.repetitions,
     }
+    if args.torch_compile:
+        results["mfu_of_each"] = {name: round(value, 3) for name, value in mfus.items()}
+        results["compiled_over_eager"] = {
+            name: round(rates[f"{name}, compiled"] / rates[name], 3) for name in ("ours", "MarianMTModel")
+        }
+        results["ours_over_marian"] = {
+            "eager": round(rates["ours"] / rates["MarianMTModel"], 3),
+            "compiled": round(rates["ours, compiled"] / rates["MarianMTModel, compiled"], 3),
+        }
     print(f"{args.preset} preset, {args.batches} batches of <= {args.max_tokens} tokens, {target_tokens} target tokens")
     print(f"{'model':<24} {'target tokens/s':>16} {'ours / this':>12}")
     for name, rate in rates.items():
         print(f"{name:<24} {rate:>16,.0f} {rates['ours'] / rate:>12.2f}")
     step_gflops = flops / medians["ours"] / 1e9
     print(f"matmul: {results['matmul_gflops']} GFLOP/s; our step: {step_gflops:.1f} GFLOP/s; MFU {mfu:.1%}")
-    print("wrote", write_results(f"training_step_{args.preset}", results))
+    if args.torch_compile:
+        print("compiled / eager:", results["compiled_over_eager"], "ours / Marian:", results["ours_over_marian"])
+        print("MFU:", results["mfu_of_each"])
+    print("wrote", write_results(f"training_step_{'compiled_' if args.torch_compile else ''}{args.preset}", results))
 
 
 if __name__ == "__main__":
