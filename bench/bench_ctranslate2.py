@@ -12,8 +12,8 @@ Two modes, each at batch 64 and batch 1:
 - "fixed length": every system writes exactly --new_tokens tokens per sentence at beam 4, so that our exports and
   an untrained MarianMTModel of the same shape and the same token strings do equal work. These are measured side by
   side in one process (CTranslate2 only, no torch), chunk by chunk in rotating order, --repetitions passes over the
-  1,000 sources. Each float32 export is loaded twice: the two copies' ratio shows the measurement floor, and
-  each float32 figure is the mean of the two.
+  1,000 sources. Each export is loaded twice: the two copies' ratio shows the measurement floor, and each
+  figure is the mean of the two.
 "translate" measurements run each in a process of their own (idle threads of one engine would slow another in a
 shared process), the systems in turn within each repetition; medians of --repetitions. Threads: torch's default
 (2 here) for generate(), CTranslate2 as vanilla-translate sets it on a CPU (a batch per core, one thread each).
@@ -286,10 +286,10 @@ def main() -> None:
             **{f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
                for system, exports in (("ours", ours), ("Marian", trained)) for q in exports},
         }  # fmt: skip
-        fixed_length_exports = {  # float32 twice each: the control, and a mean over where the weights land
+        fixed_length_exports = {  # each twice: the control, and a mean over where the weights land in memory
             f"{system} CTranslate2 {q}{copy}": exports[q]
             for system, exports in (("ours", ours), ("Marian", marian)) for q in QUANTIZATIONS
-            for copy in (("", ", again") if q == "float32" else ("",))
+            for copy in ("", ", again")
         }  # fmt: skip
         for mode in args.modes:
             for batch_size in args.batch_sizes:

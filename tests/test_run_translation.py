@@ -430,11 +430,11 @@ def test_processes_that_do_not_join_one_run_are_an_error(tmp_path):
 
 
 def test_the_fsdp_recipe_is_an_accelerate_config_for_the_layers():
-    """recipes/accelerate_fsdp.yaml, read by accelerate's own loader: FSDP2, one unit per layer (accelerate takes the
+    """recipes/accelerate/fsdp.yaml, read by accelerate's own loader: FSDP2, one unit per layer (accelerate takes the
     layer classes from the model's `_no_split_modules`), full weights gathered for saving."""
     from accelerate.commands.config.config_args import load_config_from_file
 
-    config = load_config_from_file(str(REPO_ROOT / "recipes" / "accelerate_fsdp.yaml"))
+    config = load_config_from_file(str(REPO_ROOT / "recipes" / "accelerate" / "fsdp.yaml"))
     assert config.distributed_type == "FSDP" and config.fsdp_config["fsdp_version"] == 2
     assert config.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     assert config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
