@@ -135,7 +135,7 @@ def translate_worker(system: str, folder: str, batch_size: int, count: int) -> d
     """One "translate" measurement in a process of its own: idle threads of one engine (CTranslate2's workers,
     torch's pool) must not slow another down. Loads, warms up on one batch, then times the translation of the first
     `count` sources; reports seconds, the translations and this process's peak RSS."""
-    sources = [source for source, _ in test_pairs()][:count]
+    sources = [source for source, _ in multi30k_test_pairs()][:count]
     translator = PipelineTranslator(folder, "cpu") if system == "generate" else CTranslate2Translator(folder, "cpu")
     translate_lines(translator, sources[:batch_size], batch_size, {}, show_progress=False)
     start = time.perf_counter()
@@ -152,7 +152,7 @@ def fixed_length_worker(folders: dict[str, str], batch_size: int, new_tokens: in
     CPU seconds in all, and its seconds per chunk."""
     translators = {name: CTranslate2Translator(folder, "cpu") for name, folder in folders.items()}
     tokenizer = next(iter(translators.values())).tokenizer
-    ordered = sorted((source for source, _ in test_pairs()), key=len, reverse=True)
+    ordered = sorted((source for source, _ in multi30k_test_pairs()), key=len, reverse=True)
     tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(ordered)["input_ids"]]
     size = batch_size * next(iter(translators.values())).batches_per_call
     chunks = [tokens[start : start + size] for start in range(0, len(tokens), size)]
@@ -188,7 +188,7 @@ def in_own_process(worker: str, *arguments) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def test_pairs() -> list[tuple[str, str]]:
+def multi30k_test_pairs() -> list[tuple[str, str]]:
     return list(read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de"))
 
 
@@ -274,7 +274,7 @@ def main() -> None:
         print(json.dumps(WORKERS[worker](*arguments)))
         return
 
-    references = [target for _, target in test_pairs()]
+    references = [target for _, target in multi30k_test_pairs()]
     results = {"machine": machine(), "model": args.model, "sentences": len(references),
                "repetitions": args.repetitions, "translate": {}, "fixed_length": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
