@@ -91,7 +91,20 @@ class DataTrainingArguments:
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only this many training pairs."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Use only this many validation pairs."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Use only this many test pairs."})
-    num_beams: int | None = field(default=None, metadata={"help": "Beam size for evaluation (default: 4)."})
+    num_beams: int | None = field(
+        default=None,
+        metadata={
+            "help": "Beam size, written into the model's generation config: evaluation and the saved model "
+            "decode with it (default: the model's, for a new model the paper's 4)."
+        },
+    )
+    length_penalty: float | None = field(
+        default=None,
+        metadata={
+            "help": "Beam search's length penalty alpha, written into the model's generation config as "
+            "--num_beams is (default: the model's, for a new model the paper's 0.6)."
+        },
+    )
     bleu_tokenize: str | None = field(
         default=None,
         metadata={"help": "sacreBLEU's tokenization for BLEU (default: by --target_lang, 'zh' for zh, else '13a')."},
@@ -182,8 +195,12 @@ def prepare(model_args, data_args, training_args) -> Run:
 
     tokenizer = load_or_train_tokenizer(model_args, splits, training_args.resume_from_checkpoint)
     model = load_or_build_model(model_args, tokenizer)
-    if data_args.num_beams is not None:
-        training_args.generation_num_beams = data_args.num_beams
+    # Section 6.1 chose beam size and alpha on the development set: a recipe may do the same. They go into the
+    # generation config, so that the saved model translates as it was scored.
+    if data_args.num_beams is not None and data_args.num_beams < 1:
+        raise ValueError(f"--num_beams {data_args.num_beams} must be at least 1")
+    decoding = {name: getattr(data_args, name) for name in ("num_beams", "length_penalty")}
+    model.generation_config.update(**{name: value for name, value in decoding.items() if value is not None})
 
     positions = model.config.max_position_embeddings
     for name in ("max_source_length", "max_target_length"):

@@ -88,6 +88,7 @@ def render_model_card(
         ],
         training=list(training.items()),
         num_beams=model.generation_config.num_beams,
+        length_penalty=model.generation_config.length_penalty,
         results=[
             {"split": split, "samples": s.get("samples", ""), "bleu": f"{s['bleu']:.2f}", "chrf": f"{s['chrf']:.2f}"}
             for split, s in results.items()

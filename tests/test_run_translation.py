@@ -83,11 +83,27 @@ def test_output_folder_reloads_and_translates(trained_run):
     tokenizer = AutoTokenizer.from_pretrained(output)
     model = AutoModelForSeq2SeqLM.from_pretrained(output)
     assert len(tokenizer) == model.config.vocab_size == 1000
-    assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
     batch = tokenizer(["A man is sleeping.", "Two dogs play in the snow."], return_tensors="pt", padding=True)
     with torch.no_grad():
         translations = tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
     assert all(len(t.split()) >= 2 for t in translations), translations
+
+
+def test_the_saved_model_translates_as_it_was_scored(trained_run):
+    # --num_beams 2 --length_penalty 1.0 went into the generation config: the reloaded pipeline, given the test
+    # sentences in the evaluation's batches, writes generated_predictions.txt again, and the card says how
+    output = trained_run.output
+    generation = json.loads((output / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens_over_source"]) == (
+        2, 1.0, 50,
+    )  # fmt: skip
+    sources = [json.loads(row)["translation"]["en"] for row in Path(TEST).read_text().splitlines()[:50]]
+    translator = pipeline("translation", model=str(output), pipeline_class=TranslationPipeline)
+    translations = [t["translation_text"] for t in translator(sources, batch_size=32)]
+    assert translations == (output / "generated_predictions.txt").read_text().split("\n")[:-1]
+    card = " ".join((output / "README.md").read_text().split())
+    assert "beam search with 2 beams and length penalty 1.0." in card
+    assert "decodes as the model was scored: beam size 2, length penalty 1.0 (the paper's: 4 and 0.6)" in card
 
 
 def test_model_card_metadata(trained_run):
@@ -217,6 +233,10 @@ GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
             r"dropout=2 is invalid",
         ),
         (lambda d: ["--tokenizer_name", str(d / "none"), "--train_file", TRAIN], r"none: no such folder"),
+        (
+            lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--num_beams", "0"],
+            r"--num_beams 0 must be at least 1",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, make_args, message):
