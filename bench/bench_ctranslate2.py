@@ -5,7 +5,8 @@ same size on CTranslate2 (converted by CTranslate2's own transformers converter)
 
 Two modes, each at batch 64 and batch 1:
 - "translate": the trained model translates the 1,000 Multi30k test sources as vanilla-translate does (sorted by
-  length, beam 4, length penalty 0.6, at most source length + 50 tokens), through `generate()` and through our
+  length, decoding as its generation config says: for the main job beam 4, length penalty 1.0, at most source
+  length + 50 tokens), through `generate()` and through our
   CTranslate2 exports, and so does a MarianMTModel of our size trained on the same data for the same 24 minutes
   (--marian, converted by CTranslate2's converter, with its own tokenizer); sentences/s, target tokens/s (the
   output's tokens in our tokenizer, one yardstick for all), BLEU (sacreBLEU 13a against the references).
@@ -116,7 +117,7 @@ def with_pad_last(marian_path: str, folder: str) -> str:
 
 def trained_marian_exports(marian_path: str, model_path: str, folder: str) -> dict[str, str]:
     """A trained MarianMTModel of our size (`bench.stock_marian_translation`'s), converted by CTranslate2's own
-    converter, with its own tokenizer and our decoding settings (beam 4, length penalty 0.6, source + 50)."""
+    converter, with its own tokenizer and our model's decoding settings (its generation config)."""
     from ctranslate2.converters import TransformersConverter
 
     source = with_pad_last(marian_path, folder)
