@@ -89,10 +89,18 @@ def test_output_folder_reloads_and_translates(trained_run):
     assert all(len(t.split()) >= 2 for t in translations), translations
 
 
-def test_the_saved_model_translates_as_it_was_scored(trained_run):
-    # --num_beams 2 --length_penalty 1.0 went into the generation config: the reloaded pipeline, given the test
-    # sentences in the evaluation's batches, writes generated_predictions.txt again, and the card says how
-    output = trained_run.output
+def test_the_saved_model_translates_as_it_was_scored(trained_run, tmp_path):
+    # two steps of fine-tuning with --num_beams 2 --length_penalty 1.0, which go into the generation config: the
+    # reloaded pipeline, given the test sentences in the evaluation's batches, writes generated_predictions.txt
+    # again, and the card says how
+    output = tmp_path / "tuned"
+    run_translation.main([
+        "--model_name_or_path", str(trained_run.output), "--train_file", TRAIN, "--test_file", TEST,
+        "--max_train_samples", "200", "--max_predict_samples", "50", "--do_train", "--do_predict",
+        "--predict_with_generate", "--max_steps", "2", "--max_tokens_per_batch", "1500", "--num_beams", "2",
+        "--length_penalty", "1.0", "--per_device_eval_batch_size", "32", "--output_dir", str(output),
+        "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true",
+    ])  # fmt: skip
     generation = json.loads((output / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens_over_source"]) == (
         2, 1.0, 50,
