@@ -83,6 +83,7 @@ def test_output_folder_reloads_and_translates(trained_run):
     tokenizer = AutoTokenizer.from_pretrained(output)
     model = AutoModelForSeq2SeqLM.from_pretrained(output)
     assert len(tokenizer) == model.config.vocab_size == 1000
+    assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
     batch = tokenizer(["A man is sleeping.", "Two dogs play in the snow."], return_tensors="pt", padding=True)
     with torch.no_grad():
         translations = tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True)
