@@ -161,6 +161,8 @@ def prepare(model_args, data_args, training_args) -> Run:
     transformers.utils.logging.set_verbosity_warning()
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise ValueError("nothing to do: give --do_train, --do_eval and/or --do_predict")
+    if data_args.num_beams is not None and data_args.num_beams < 1:
+        raise ValueError(f"--num_beams {data_args.num_beams} must be at least 1")
     if training_args.resume_from_checkpoint == LATEST:
         # the same command starts a run and restarts it: from the newest complete checkpoint, if there is one
         training_args.resume_from_checkpoint = latest_checkpoint(training_args.output_dir)
@@ -197,9 +199,7 @@ def prepare(model_args, data_args, training_args) -> Run:
     model = load_or_build_model(model_args, tokenizer)
     # Section 6.1 chose beam size and alpha on the development set: a recipe may do the same. They go into the
     # generation config, so that the saved model translates as it was scored.
-    if data_args.num_beams is not None and data_args.num_beams < 1:
-        raise ValueError(f"--num_beams {data_args.num_beams} must be at least 1")
-    decoding = {name: getattr(data_args, name) for name in ("num_beams", "length_penalty")}
+    decoding = {"num_beams": data_args.num_beams, "length_penalty": data_args.length_penalty}
     model.generation_config.update(**{name: value for name, value in decoding.items() if value is not None})
 
     positions = model.config.max_position_embeddings
