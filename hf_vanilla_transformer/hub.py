@@ -12,6 +12,7 @@ import torch
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects
 
+from .modeling_vanilla_transformer import paper_generation_config
 from .training import paper_learning_rate
 
 # The template is the repository's top-level model_card.md; the package carries a link to it.
@@ -89,6 +90,7 @@ def render_model_card(
         training=list(training.items()),
         num_beams=model.generation_config.num_beams,
         length_penalty=model.generation_config.length_penalty,
+        paper_decoding=paper_generation_config(model.config),
         results=[
             {"split": split, "samples": s.get("samples", ""), "bleu": f"{s['bleu']:.2f}", "chrf": f"{s['chrf']:.2f}"}
             for split, s in results.items()
