@@ -9,7 +9,8 @@ Two modes, each at batch 64 and batch 1:
   length + 50 tokens), through `generate()` and through our
   CTranslate2 exports, and so does a MarianMTModel of our size trained on the same data for the same 24 minutes
   (--marian, converted by CTranslate2's converter, with its own tokenizer); sentences/s, target tokens/s (the
-  output's tokens in our tokenizer, one yardstick for all), BLEU (sacreBLEU 13a against the references).
+  output's tokens in our tokenizer, one yardstick for all), BLEU (sacreBLEU 13a against the references), and for
+  our exports how many translations differ from generate()'s.
 - "fixed length": every system writes exactly --new_tokens tokens per sentence at beam 4, so that our exports and
   an untrained MarianMTModel of the same shape and the same token strings do equal work. These are measured side by
   side in one process (CTranslate2 only, no torch), chunk by chunk in rotating order, --repetitions passes over the
@@ -212,8 +213,13 @@ def translate_figures(args, exports: dict[str, tuple[str, str]], batch_size: int
             "bleu": round(sacrebleu.corpus_bleu(output, [references[:count]]).score, 2),
             "peak_rss_mib": round(max(run["peak_rss_mib"] for run in measured), 1),
         }
-        if name.startswith("ours CTranslate2") and name.replace("ours", "Marian") in medians:
-            figures[name]["ours_over_marian"] = round(medians[name.replace("ours", "Marian")] / medians[name], 3)
+        if name.startswith("ours CTranslate2"):
+            # the same model decoded the same way: beam searches that stop differently show up here
+            figures[name]["translations_unlike_generate"] = sum(
+                mine != theirs for mine, theirs in zip(output, runs["ours generate()"][0]["translations"], strict=True)
+            )
+            if name.replace("ours", "Marian") in medians:
+                figures[name]["ours_over_marian"] = round(medians[name.replace("ours", "Marian")] / medians[name], 3)
     return figures
 
 
