@@ -47,7 +47,13 @@ from hf_vanilla_transformer.tokenizer_training import (
     check_tokenizer_fits_model,
     train_shared_bpe,
 )
-from hf_vanilla_transformer.training import TranslationTrainer, TranslationTrainingArguments, latest_checkpoint
+from hf_vanilla_transformer.training import (
+    TranslationTrainer,
+    TranslationTrainingArguments,
+    checkpoint_to_resume,
+    fold_generation_settings,
+    latest_checkpoint,
+)
 from hf_vanilla_transformer.visualize import write_card_picture
 
 logger = logging.getLogger("run_translation")
@@ -161,14 +167,14 @@ def prepare(model_args, data_args, training_args) -> Run:
     transformers.utils.logging.set_verbosity_warning()
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise ValueError("nothing to do: give --do_train, --do_eval and/or --do_predict")
-    if data_args.num_beams is not None and data_args.num_beams < 1:
-        raise ValueError(f"--num_beams {data_args.num_beams} must be at least 1")
     if training_args.resume_from_checkpoint == LATEST:
         # the same command starts a run and restarts it: from the newest complete checkpoint, if there is one
         training_args.resume_from_checkpoint = latest_checkpoint(training_args.output_dir)
         logger.info("Resuming from %s", training_args.resume_from_checkpoint or "the start: no checkpoint yet")
     elif training_args.resume_from_checkpoint is None:
         check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
+    else:
+        training_args.resume_from_checkpoint = checkpoint_to_resume(training_args.resume_from_checkpoint)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and training_args.world_size == 1:  # each would train alone and overwrite the others' files
         raise ValueError(
@@ -197,10 +203,10 @@ def prepare(model_args, data_args, training_args) -> Run:
 
     tokenizer = load_or_train_tokenizer(model_args, splits, training_args.resume_from_checkpoint)
     model = load_or_build_model(model_args, tokenizer)
-    # Section 6.1 chose beam size and alpha on the development set: a recipe may do the same. They go into the
-    # generation config, so that the saved model translates as it was scored.
-    decoding = {"num_beams": data_args.num_beams, "length_penalty": data_args.length_penalty}
-    model.generation_config.update(**{name: value for name, value in decoding.items() if value is not None})
+    # Section 6.1 chose beam size and alpha on the development set: a recipe may do the same. Every decoding flag
+    # goes into the generation config, so that the saved model translates as it was scored.
+    fold_generation_settings(model, training_args, num_beams=data_args.num_beams,
+                             length_penalty=data_args.length_penalty)  # fmt: skip
 
     positions = model.config.max_position_embeddings
     for name in ("max_source_length", "max_target_length"):

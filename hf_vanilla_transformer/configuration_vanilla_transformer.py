@@ -98,8 +98,10 @@ class VanillaTransformerConfig(PretrainedConfig):
         encoder_ffn_dim / decoder_ffn_dim (`int`, defaults to 2048):
             d_ff, the inner size of the position-wise feed-forward networks (Section 3.3).
         head_dim (`int`, *optional*):
-            d_k, the per-head size of queries and keys. Defaults to `d_model // heads` (Section 3.2.2); Table 3
-            row (B) varies it.
+            d_k, the per-head size of queries and keys in both stacks. Defaults to `d_model // heads` (Section
+            3.2.2), filled in at construction as transformers' own configs do; Table 3 row (B) varies it. When the
+            two stacks' head counts give different `d_model // heads` and `head_dim` is not given, there is no one
+            d_k: `head_dim` stays `None` and each stack uses its own `d_model // heads`.
         v_head_dim (`int`, *optional*):
             d_v, the per-head size of values. Defaults to `head_dim` when that is set, else `d_model // heads`.
         activation_function (`str`, defaults to `"relu"`):
@@ -183,6 +185,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.validate_hyperparameters()
         if self.init_std is None:
             self.init_std = self.d_model**-0.5
+        encoder_d_k = self.d_model // self.encoder_attention_heads
+        if self.head_dim is None and encoder_d_k == self.d_model // self.decoder_attention_heads:
+            self.head_dim = encoder_d_k
         if self.custom_pipelines is None:
             self.custom_pipelines = copy.deepcopy(CUSTOM_PIPELINES)
 

@@ -11,7 +11,6 @@ embeddings, and no biases in the attention projections (Equation 1's W^Q, W^K, W
 
 import copy
 import math
-import os
 from collections.abc import Callable
 
 import torch
@@ -30,7 +29,9 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, is_torchdynamo_compiling
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
@@ -56,7 +57,8 @@ class VanillaTransformerSinusoidalPositionalEncoding(nn.Module):
 
     Sines on the even features and cosines on the odd ones, interleaved as in the paper (Marian, BART and FSMT put
     all sines first). A fixed function of the position, so it is kept as a non-persistent buffer: never saved, and
-    recomputed by `_init_weights` when a model is loaded.
+    recomputed by `_init_weights` when a model is loaded. It is built in the default dtype, as the weights are, so
+    that `from_pretrained(..., dtype=torch.bfloat16)` gives a model whose activations stay in that dtype.
     """
 
     def __init__(self, num_positions: int, d_model: int):
@@ -71,7 +73,7 @@ class VanillaTransformerSinusoidalPositionalEncoding(nn.Module):
         encoding = torch.empty(num_positions, d_model, dtype=torch.float64)
         encoding[:, 0::2] = torch.sin(angles)
         encoding[:, 1::2] = torch.cos(angles[:, : d_model // 2])
-        return encoding.float()
+        return encoding.to(torch.get_default_dtype())
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.encoding[position_ids]
@@ -108,13 +110,16 @@ class VanillaTransformerEmbeddings(nn.Module):
             raise ValueError("Give exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        end = past_length + inputs_embeds.shape[1]
-        if end > self.max_positions:
+        length = inputs_embeds.shape[1]
+        # A static cache counts its length in a tensor, which torch.compile cannot branch on: compiled runs skip
+        # the check (generate() never passes the table's end: its length limits are clamped to it).
+        if not is_torchdynamo_compiling() and past_length + length > self.max_positions:
             raise ValueError(
-                f"Sequence of {end} positions is longer than max_position_embeddings={self.max_positions}; "
-                "truncate the input (tokenizer(..., truncation=True, max_length=...)) or build a config with more."
+                f"Sequence of {int(past_length) + length} positions is longer than max_position_embeddings="
+                f"{self.max_positions}; truncate the input (tokenizer(..., truncation=True, max_length=...)) or "
+                "build a config with more."
             )
-        position_ids = torch.arange(past_length, end, device=inputs_embeds.device)
+        position_ids = torch.arange(length, device=inputs_embeds.device) + past_length
         return self.dropout(inputs_embeds * self.embed_scale + self.embed_positions(position_ids))
 
 
@@ -129,7 +134,7 @@ def eager_attention_forward(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
-    **kwargs,
+    **kwargs: Unpack[TransformersKwargs],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Section 3.2.1, Equation 1: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V.
 
@@ -182,7 +187,7 @@ class VanillaTransformerAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch_size, query_length = hidden_states.shape[:2]
         query = self.q_proj(hidden_states).view(batch_size, query_length, self.num_heads, self.head_dim).transpose(1, 2)
@@ -280,7 +285,12 @@ class VanillaTransformerEncoderLayer(VanillaTransformerLayer):
         self.feed_forward = VanillaTransformerFeedForward(config, config.encoder_ffn_dim)
         self.feed_forward_layer_norm = new_layer_norm(config)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ):
         # attention also returns its weights ([1]); the output recorders collect those from the attention module
         hidden_states = self.residual(
             hidden_states,
@@ -310,7 +320,7 @@ class VanillaTransformerDecoderLayer(VanillaTransformerLayer):
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ):
         hidden_states = self.residual(
             hidden_states,
@@ -341,23 +351,13 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     model_tags = ["translation", "vanilla-transformer"]  # added to the card that push_to_hub writes
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
+    # the attention runs through transformers' attention interface (as Marian's does), and nothing branches on
+    # data: every implementation it offers, and torch.compile with fullgraph=True
     _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_flash_attn = True
+    _can_compile_fullgraph = True
     _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
-
-    @classmethod
-    def from_pretrained(cls, path, *args, use_safetensors: bool | None = True, **kwargs):
-        """`PreTrainedModel.from_pretrained`, from safetensors only unless `use_safetensors=False`: a pickled
-        `pytorch_model.bin` can run code as it loads, so a folder holding only that is refused."""
-        try:
-            return super().from_pretrained(path, *args, use_safetensors=use_safetensors, **kwargs)
-        except OSError as error:
-            if use_safetensors and os.path.isfile(os.path.join(str(path), "pytorch_model.bin")):
-                raise OSError(
-                    f"{path}: no model.safetensors, only pickled weights (pytorch_model.bin), "
-                    "which can run code as they load; convert them to safetensors, or pass use_safetensors=False "
-                    "if you trust their source"
-                ) from error
-            raise
 
     def _init_weights(self, module: nn.Module):
         if isinstance(module, nn.Linear):
@@ -371,6 +371,17 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, VanillaTransformerSinusoidalPositionalEncoding):
             init.copy_(module.encoding, module.compute_encoding(*module.encoding.shape))
+
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True) -> nn.Embedding:
+        """transformers resizes the input embeddings (the encoder's table) and an untied output projection. Our one
+        vocabulary has a third table when `tie_word_embeddings=False`, the decoder's, which is resized with them."""
+        resized = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        decoder_embeddings = self.get_decoder().embeddings
+        if decoder_embeddings.embed_tokens is not resized:
+            decoder_embeddings.embed_tokens = self._get_resized_embeddings(
+                decoder_embeddings.embed_tokens, resized.num_embeddings, mean_resizing=mean_resizing
+            )
+        return resized
 
 
 class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
@@ -394,7 +405,7 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutput:
         hidden_states = self.embeddings(input_ids, inputs_embeds)
         attention_mask = create_bidirectional_mask(
@@ -426,6 +437,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         self.post_init()
 
     @capture_outputs
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # transformers' models take both until 5.40
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -435,13 +447,18 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         """`use_cache` defaults to `config.use_cache`, except in a training step (training mode with gradients):
         the cache serves decoding one token at a time, and a training step, which decodes the whole target at once,
         would fill it for nothing (the Trainer's label smoother calls the model without labels, so the loss does not
         switch it off). `generate()` passes its own cache, also from a model in training mode.
         """
+        if encoder_hidden_states is None:
+            raise ValueError(
+                "The decoder attends to the encoder's output in every layer (Section 3.2.3): give "
+                "encoder_hidden_states (or, to the whole model, input_ids or encoder_outputs)"
+            )
         if use_cache is None:
             use_cache = self.config.use_cache and not (self.training and torch.is_grad_enabled())
         if use_cache and cache is None:
@@ -506,6 +523,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             self.decoder.embeddings.embed_tokens = value
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -517,7 +535,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         r"""
         input_ids, attention_mask: the source tokens and their padding mask (1 for tokens, 0 for padding).
@@ -598,6 +616,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self.generation_config = paper_generation_config(config)
 
     @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -611,7 +630,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""
         labels: target token ids, -100 where no loss is wanted. When `decoder_input_ids` are not given they are the
@@ -722,14 +741,20 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return None if max_length is None else max_length - prompt_length
 
     def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor:
-        """Non-padding tokens per source sentence, from the attention mask, the input ids or the encoder output."""
+        """Non-padding tokens per source sentence: from the attention mask, else from the input ids, else every
+        position of the input embeddings or of the encoder output, else the one `<s>` transformers starts from."""
         if kwargs.get("attention_mask") is not None:
             return kwargs["attention_mask"].sum(-1)
         input_ids = inputs if inputs is not None else kwargs.get("input_ids")
         if input_ids is not None:
             return (input_ids != self.config.pad_token_id).sum(-1)
-        encoder_states = kwargs["encoder_outputs"][0]
-        return torch.full((encoder_states.shape[0],), encoder_states.shape[1], device=encoder_states.device)
+        if kwargs.get("inputs_embeds") is not None:
+            states = kwargs["inputs_embeds"]
+        elif kwargs.get("encoder_outputs") is not None:
+            states = kwargs["encoder_outputs"][0]
+        else:  # no source at all: transformers encodes a one-token source, `<s>`
+            return torch.ones(1, dtype=torch.long, device=self.device)
+        return torch.full((states.shape[0],), states.shape[1], device=states.device)
 
 
 def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:

@@ -14,13 +14,17 @@ batches, the learning-rate schedule, checkpoint averaging, a time budget, and a 
 - Label smoothing (Section 5.4) is the Trainer's own `label_smoothing_factor`.
 - A time budget (ours, not the paper's): `max_train_minutes` ends training with a checkpoint, so that a recipe
   fits a machine's time; the progress bar then measures that budget.
+- Decoding (Section 6.1): one generation config for evaluation and for the saved model
+  (`fold_generation_settings`), so that a saved model translates as it was scored.
 """
 
+import copy
 import json
 import logging
 import os
 import random
 import re
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +33,13 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, Sampler, SequentialSampler
 from tqdm.auto import tqdm
-from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers import (
+    GenerationConfig,
+    ProgressCallback,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+)
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_pt_utils import LengthGroupedSampler
@@ -83,6 +93,47 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "Every parameter takes part in every step; transformers' default (True) would make DDP "
                   "walk the autograd graph once more each step."},
     )  # fmt: skip
+
+
+# The settings that only one way of decoding reads: GenerationConfig.validate (transformers 5.24) refuses to save a
+# config that holds them for another (the paper's length penalty with greedy decoding, a temperature without sampling).
+BEAM_SEARCH_ONLY = ("length_penalty", "early_stopping")
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
+
+
+def fold_generation_settings(model, args: Seq2SeqTrainingArguments, **settings) -> GenerationConfig:
+    """Write a run's decoding settings into `model.generation_config`, which evaluation then uses and the model is
+    saved with, and return it: the Trainer's `args.generation_config` (a generation config file or folder: the
+    settings it holds; transformers would replace the model's whole config, its length limits included),
+    `args.generation_num_beams` and `args.generation_max_length` (transformers passes those to each evaluation's
+    `generate()` only, so a model saved by a run decoded unlike the run's scores), then `settings` (e.g.
+    `num_beams`, `length_penalty`; `None` values are not given). The three are cleared from `args`.
+
+    A setting that the resulting decoding ignores (see `BEAM_SEARCH_ONLY`, `SAMPLING_ONLY`) goes back to
+    transformers' default when it came from the model, and is an error naming it when it was given.
+    """
+    config = copy.deepcopy(model.generation_config)
+    given = {}
+    if args.generation_config is not None:
+        given.update(Seq2SeqTrainer.load_generation_config(args.generation_config).to_diff_dict())
+        given.pop("transformers_version", None)
+    given.update(num_beams=args.generation_num_beams, max_length=args.generation_max_length)
+    given.update(settings)
+    given = {name: value for name, value in given.items() if value is not None}
+    config.update(**given)
+    if (config.num_beams or 1) < 1:
+        raise ValueError(f"num_beams={config.num_beams} must be at least 1")
+    greedy_or_sampling = (config.num_beams or 1) == 1
+    ignored = (BEAM_SEARCH_ONLY if greedy_or_sampling else ()) + (() if config.do_sample else SAMPLING_ONLY)
+    for name in ignored:
+        if name in given:
+            mode = "greedy decoding or sampling (num_beams=1)" if name in BEAM_SEARCH_ONLY else "do_sample=False"
+            raise ValueError(f"{name}={given[name]!r} has no effect with {mode}: leave it out")
+        setattr(config, name, None)
+    config.validate(strict=True)
+    model.generation_config = config
+    args.generation_config = args.generation_num_beams = args.generation_max_length = None
+    return config
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -180,13 +231,18 @@ def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> 
     return scale * d_model**-0.5 * int(warmup_steps) ** -0.5
 
 
+CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+BEING_DELETED = ".deleting-"  # the prefix a checkpoint folder is renamed to before its files are deleted
+
+
 def checkpoint_folders(output_dir: str) -> list[str]:
     """The Trainer's complete `checkpoint-STEP` folders in `output_dir`, oldest first. A folder that a stopped run
     left half-written is passed over, with a log line: the Trainer writes a checkpoint's `trainer_state.json` last,
-    so a checkpoint is complete when that file reads as JSON and names the folder's step."""
+    so a checkpoint is complete when that file reads as JSON and names the folder's step. (A folder is renamed
+    away before it is deleted, `rotate_checkpoints`, so a half-deleted one is never mistaken for a checkpoint.)"""
     steps = []
     for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
-        match = re.fullmatch(r"checkpoint-(\d+)", name)
+        match = CHECKPOINT.fullmatch(name)
         if not match:
             continue
         if is_complete_checkpoint(os.path.join(output_dir, name), int(match.group(1))):
@@ -194,6 +250,33 @@ def checkpoint_folders(output_dir: str) -> list[str]:
         else:
             logger.warning("%s is incomplete (its run stopped while writing it): not used", name)
     return [os.path.join(output_dir, f"checkpoint-{step}") for step in sorted(steps)]
+
+
+def rotate_checkpoints(output_dir: str, limit: int | None, keep: str | None = None) -> None:
+    """Keep the newest `limit` complete checkpoints by step (and `keep`, the best one), and delete the folders of
+    older steps, complete or not.
+
+    transformers' own rotation orders the folders by modification time, which deleting files changes: a run
+    stopped while deleting a folder leaves it half-deleted and, to the next rotation, the newest, so a newer
+    checkpoint is deleted in its place and checkpoint averaging reads the half-deleted one. Here the order is the
+    step's, and each folder is renamed away (atomically) before its files are deleted.
+    """
+    if not os.path.isdir(output_dir):
+        return
+    for name in os.listdir(output_dir):  # what a stopped deletion left
+        if name.startswith(BEING_DELETED):
+            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+    complete = checkpoint_folders(output_dir)
+    if not limit or len(complete) <= limit:
+        return
+    oldest_kept = int(CHECKPOINT.fullmatch(os.path.basename(complete[-limit])).group(1))
+    for name in os.listdir(output_dir):
+        match = CHECKPOINT.fullmatch(name)
+        folder = os.path.join(output_dir, name)
+        if match and int(match.group(1)) < oldest_kept and not (keep and os.path.samefile(folder, keep)):
+            logger.info("Deleting %s (save_total_limit %d)", name, limit)
+            os.replace(folder, os.path.join(output_dir, BEING_DELETED + name))
+            shutil.rmtree(os.path.join(output_dir, BEING_DELETED + name))
 
 
 def is_complete_checkpoint(folder: str, step: int) -> bool:
@@ -209,6 +292,26 @@ def latest_checkpoint(output_dir: str) -> str | None:
     """The newest complete checkpoint in `output_dir`, or None."""
     folders = checkpoint_folders(output_dir)
     return folders[-1] if folders else None
+
+
+def checkpoint_to_resume(folder: str) -> str:
+    """The checkpoint a run given `folder` resumes from: `folder` itself when it is complete, else (a run stopped
+    while writing it) the newest complete checkpoint beside it, with a log line. A checkpoint older than the newest
+    beside it is refused: the run would go on from there while averaging and rotation read the newer ones."""
+    match = CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(folder)))
+    if not os.path.isdir(folder) or match is None:
+        raise ValueError(f"resume_from_checkpoint {folder}: not a checkpoint-STEP folder the Trainer wrote")
+    newest = latest_checkpoint(os.path.dirname(os.path.normpath(folder)))
+    if not is_complete_checkpoint(folder, int(match.group(1))):
+        if newest is None:
+            raise ValueError(f"resume_from_checkpoint {folder}: incomplete (its run stopped while writing it), and "
+                             "there is no complete checkpoint beside it")  # fmt: skip
+        logger.warning("%s is incomplete (its run stopped while writing it): resuming from %s instead", folder, newest)
+        return newest
+    if not os.path.samefile(folder, newest):
+        raise ValueError(f"resume_from_checkpoint {folder}: {newest} is newer; resume from the newest checkpoint, or "
+                         "move the newer ones away")  # fmt: skip
+    return folder
 
 
 def average_checkpoints(folders: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -355,6 +458,17 @@ class TranslationTrainer(Seq2SeqTrainer):
             return True
         time_limit = next((c for c in self.callback_handler.callbacks if isinstance(c, TimeLimitCallback)), None)
         return time_limit is not None and TimeLimitCallback.spent_in(state) >= time_limit.seconds
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """`Trainer._save_checkpoint`, with old checkpoints deleted by `rotate_checkpoints` (by step, each renamed
+        away first) instead of transformers' rotation by modification time."""
+        limit, self.args.save_total_limit = self.args.save_total_limit, None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        if self.args.should_save:
+            rotate_checkpoints(self._get_output_dir(trial=trial), limit, keep=self.state.best_model_checkpoint)
 
     def get_train_dataloader(self) -> DataLoader:
         max_tokens = getattr(self.args, "max_tokens_per_batch", None)

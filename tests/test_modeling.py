@@ -4,6 +4,7 @@ save_pretrained / from_pretrained: exact round trips in safetensors, auto classe
 import json
 import math
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -573,17 +574,20 @@ def test_edge_batches_give_finite_losses_gradients_and_scores(attn_implementatio
     assert not any(torch.isnan(scores).any() for scores in generated.scores)  # -inf marks tokens a rule forbids
 
 
-def test_pickled_weights_are_refused_unless_the_caller_opts_in(tmp_path):
-    from transformers import AutoModelForSeq2SeqLM
+class RunsCodeWhenUnpickled:
+    def __reduce__(self):
+        return (exec, ("open('ran', 'w').write('the pickle ran code')",))
 
+
+def test_pickled_weights_load_as_transformers_loads_them_without_running_code(tmp_path, monkeypatch):
+    # transformers 5 reads a pytorch_model.bin with torch.load(weights_only=True): tensors load, code does not run
     model = tiny_model()
     model.config.save_pretrained(tmp_path)
-    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")  # a pickle: it could run code as it loads
-    for load in (VanillaTransformerForConditionalGeneration.from_pretrained, AutoModelForSeq2SeqLM.from_pretrained):
-        with pytest.raises(OSError, match=r"only pickled weights \(pytorch_model.bin\).*use_safetensors=False"):
-            load(tmp_path)
-    trusted = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, use_safetensors=False)
-    expected = model.state_dict()
-    assert all(torch.equal(tensor, expected[name]) for name, tensor in trusted.state_dict().items())
-    model.save_pretrained(tmp_path)  # with model.safetensors beside it, that is what loads, with no flag
-    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(tmp_path), VanillaTransformerForConditionalGeneration)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager")
+    assert all(torch.equal(tensor, model.state_dict()[name]) for name, tensor in loaded.state_dict().items())
+    torch.save({**model.state_dict(), "payload": RunsCodeWhenUnpickled()}, tmp_path / "pytorch_model.bin")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+    assert not (tmp_path / "ran").exists()
