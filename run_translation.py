@@ -89,7 +89,11 @@ class DataTrainingArguments:
     validation_file: str | None = field(default=None, metadata={"help": "Translation JSON lines for --do_eval."})
     test_file: str | None = field(default=None, metadata={"help": "Translation JSON lines for --do_predict."})
     max_source_length: int | None = field(
-        default=None, metadata={"help": "Truncate sources to this many tokens (default: the model's positions)."}
+        default=None,
+        metadata={
+            "help": "Truncate sources to this many tokens, here and in the saved tokenizer (model_max_length; "
+            "default: the model's positions)."
+        },
     )
     max_target_length: int | None = field(
         default=None, metadata={"help": "Truncate training targets to this many tokens (default: the positions)."}
@@ -126,6 +130,22 @@ SPLITS = (("train", "train_file", "max_train_samples"), ("validation", "validati
           ("test", "test_file", "max_predict_samples"))  # fmt: skip
 METRIC_PREFIXES = {"validation": "eval", "test": "predict"}
 LATEST = "latest"  # --resume_from_checkpoint latest: the newest complete checkpoint in --output_dir
+# Flags of transformers' examples/pytorch/translation/run_translation.py that this script does not take, and why
+STOCK_FLAGS_NOT_TAKEN = {
+    "source_prefix": "a task prefix tells a multi-task model (T5) what to do; this model learns one direction",
+    "forced_bos_token": "it names the target language of a multilingual model (mBART, M2M100)",
+    "val_max_target_length": "give --generation_max_length, which evaluation and the saved model decode with",
+    "pad_to_max_length": "batches are padded to their longest sentence",
+    "ignore_pad_token_for_loss": "padding never counts in the loss",
+    "overwrite_cache": "nothing is cached: the data is read into memory",
+    "preprocessing_num_workers": "tokenizing runs in the tokenizers library's own threads",
+    "config_name": "a new model's config is --preset with --config_overrides",
+    "cache_dir": "set HF_HOME",
+    "model_revision": "give --model_name_or_path a folder",
+    "use_fast_tokenizer": "the tokenizer is always the fast one",
+    "token": "give --hub_token",
+    "trust_remote_code": "a model folder's own code is never run: this package loads its models",
+}
 
 
 @dataclass
@@ -146,6 +166,12 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArgume
     means `--resume_from_checkpoint latest`."""
     parser = HfArgumentParser(ARGUMENT_CLASSES)
     argv = expand_recipe(argv, parser)
+    for flag in argv:
+        name = flag.removeprefix("--").partition("=")[0]
+        if flag.startswith("--") and name in STOCK_FLAGS_NOT_TAKEN:
+            raise ValueError(
+                f"--{name} (a flag of transformers' example) is not taken here: {STOCK_FLAGS_NOT_TAKEN[name]}"
+            )
     for index, flag in enumerate(argv):
         if flag == "--resume_from_checkpoint" and (index + 1 == len(argv) or argv[index + 1].startswith("--")):
             argv = [*argv[: index + 1], LATEST, *argv[index + 1 :]]
@@ -213,6 +239,9 @@ def prepare(model_args, data_args, training_args) -> Run:
         value = getattr(data_args, name)
         if value is not None and not 0 < value <= positions:
             raise ValueError(f"--{name} {value} must be between 1 and the model's {positions} positions")
+    if data_args.max_source_length is not None:
+        # saved with the tokenizer, so that the pipeline and vanilla-translate cut sources as training did
+        tokenizer.model_max_length = data_args.max_source_length
     tokenized = {
         split: tokenize(dataset, tokenizer, data_args.max_source_length or positions,
                         data_args.max_target_length or positions)

@@ -133,12 +133,16 @@ def trained_marian_exports(marian_path: str, model_path: str, folder: str) -> di
     return exports
 
 
-def translate_worker(system: str, folder: str, batch_size: int, count: int) -> dict:
+def translate_worker(system: str, folder: str, batch_size: int, count: int, compute_type: str | None = None) -> dict:
     """One "translate" measurement in a process of its own: idle threads of one engine (CTranslate2's workers,
-    torch's pool) must not slow another down. Loads, warms up on one batch, then times the translation of the first
+    torch's pool) must not slow another down. Loads (generate(): in the torch dtype `compute_type` names, CTranslate2:
+    with that compute type; default: as saved), warms up on one batch, then times the translation of the first
     `count` sources; reports seconds, the translations and this process's peak RSS."""
     sources = [source for source, _ in multi30k_test_pairs()][:count]
-    translator = PipelineTranslator(folder, "cpu") if system == "generate" else CTranslate2Translator(folder, "cpu")
+    if system == "generate":
+        translator = PipelineTranslator(folder, "cpu", dtype=compute_type)
+    else:
+        translator = CTranslate2Translator(folder, "cpu", compute_type=compute_type or "default")
     translate_lines(translator, sources[:batch_size], batch_size, {}, show_progress=False)
     start = time.perf_counter()
     translations = translate_lines(translator, sources, batch_size, {}, show_progress=False)

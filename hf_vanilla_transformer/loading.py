@@ -29,15 +29,15 @@ class ModelFolderError(ParameterError):
     """A model or tokenizer folder that cannot be used; the message names the file and the problem."""
 
 
-def load_model_and_tokenizer(model_path: str, device: str | None = None):
-    """The folder's model (on `device`; default: cuda if available) and tokenizer."""
-    return load_model(model_path, device), load_tokenizer(model_path, "model_path")
+def load_model_and_tokenizer(model_path: str, device: str | None = None, dtype=None):
+    """The folder's model (on `device`; default: cuda if available; in `dtype`, default: as saved) and tokenizer."""
+    return load_model(model_path, device, dtype=dtype), load_tokenizer(model_path, "model_path")
 
 
-def load_model(model_path: str, device: str | None = None, parameter: str = "model_path"):
+def load_model(model_path: str, device: str | None = None, parameter: str = "model_path", dtype=None):
     """The folder's sequence-to-sequence model, checked: its config fits its weights and this machine's memory,
     every weight is in model.safetensors with the right shape, and all are finite. `parameter` is the name errors
-    give the folder."""
+    give the folder; `dtype` (a torch dtype or its name) is `from_pretrained`'s (default: as saved)."""
     import torch
     import transformers
     from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForSeq2SeqLM
@@ -63,7 +63,12 @@ def load_model(model_path: str, device: str | None = None, parameter: str = "mod
     transformers.logging.set_verbosity_error()  # the load report's table: what it says is raised below in one line
     try:
         model, report = AutoModelForSeq2SeqLM.from_pretrained(
-            model_path, config=config, trust_remote_code=False, ignore_mismatched_sizes=True, output_loading_info=True
+            model_path,
+            config=config,
+            trust_remote_code=False,
+            ignore_mismatched_sizes=True,
+            output_loading_info=True,
+            dtype=dtype,
         )
     except Exception as error:  # safetensors' SafetensorError derives from Exception alone
         raise ModelFolderError(f"{os.path.join(model_path, WEIGHTS_NAME)}: {first_line(error)}") from None

@@ -117,11 +117,13 @@ def fold_generation_settings(model, args: Seq2SeqTrainingArguments, **settings) 
     if args.generation_config is not None:
         given.update(Seq2SeqTrainer.load_generation_config(args.generation_config).to_diff_dict())
         given.pop("transformers_version", None)
-    given.update(num_beams=args.generation_num_beams, max_length=args.generation_max_length)
-    given.update(settings)
-    given = {name: value for name, value in given.items() if value is not None}
+    for settings_in_order in (
+        {"num_beams": args.generation_num_beams, "max_length": args.generation_max_length},
+        settings,
+    ):
+        given.update({name: value for name, value in settings_in_order.items() if value is not None})
     config.update(**given)
-    if (config.num_beams or 1) < 1:
+    if config.num_beams is not None and config.num_beams < 1:
         raise ValueError(f"num_beams={config.num_beams} must be at least 1")
     greedy_or_sampling = (config.num_beams or 1) == 1
     ignored = (BEAM_SEARCH_ONLY if greedy_or_sampling else ()) + (() if config.do_sample else SAMPLING_ONLY)
@@ -512,7 +514,18 @@ class TranslationTrainer(Seq2SeqTrainer):
         # processes keeps the samples accelerate repeats to fill the last batch: 32 predictions for 24 references.
         # `gather_for_metrics` drops them.
         self.gather_function = self.accelerator.gather_for_metrics
-        return super().evaluation_loop(*args, **kwargs)
+        # Mixed precision (--bf16, --fp16) is for training: accelerate wraps the model's forward in autocast, for
+        # evaluation too, and the scores would then describe another model than the one saved (in full precision).
+        native_amp, self.accelerator.native_amp = self.accelerator.native_amp, False
+        autocast_forward = (
+            self.model.__dict__.pop("forward", None) if hasattr(self.model, "_original_forward") else None
+        )
+        try:
+            return super().evaluation_loop(*args, **kwargs)
+        finally:
+            self.accelerator.native_amp = native_amp
+            if autocast_forward is not None:
+                self.model.forward = autocast_forward
 
     def average_checkpoints_into_model(self) -> list[str]:
         """Section 6.1: load into the model the average of the last `args.average_last_checkpoints` checkpoints in

@@ -109,10 +109,10 @@ class PipelineTranslator:
 
     batches_per_call = 1
 
-    def __init__(self, model_path: str, device: str | None):
+    def __init__(self, model_path: str, device: str | None, dtype=None):
         from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 
-        model, self.tokenizer = load_model_and_tokenizer(model_path, device)
+        model, self.tokenizer = load_model_and_tokenizer(model_path, device, dtype)
         self.max_positions = model.config.max_position_embeddings
         self.pipeline = TranslationPipeline(model=model, tokenizer=self.tokenizer, device=model.device)
 

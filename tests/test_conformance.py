@@ -52,9 +52,11 @@ def folder(tmp_path_factory):
 def test_from_pretrained_takes_the_folder_by_keyword_as_by_position(folder, model_class):
     by_keyword = model_class.from_pretrained(pretrained_model_name_or_path=folder)
     by_position = model_class.from_pretrained(folder)
-    assert forward(by_keyword).last_hidden_state.equal(forward(by_position).last_hidden_state) if (
-        model_class is VanillaTransformerModel
-    ) else forward(by_keyword).logits.equal(forward(by_position).logits)
+    assert (
+        forward(by_keyword).last_hidden_state.equal(forward(by_position).last_hidden_state)
+        if (model_class is VanillaTransformerModel)
+        else forward(by_keyword).logits.equal(forward(by_position).logits)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -111,8 +113,15 @@ def test_inputs_embeds_give_what_the_input_ids_give(model_class):
     torch.manual_seed(0)
     model = model_class(tiny_config()).eval()
     embed = model.get_input_embeddings()
-    from_ids, from_embeds = forward(model), forward(
-        model, input_ids=None, decoder_input_ids=None, inputs_embeds=embed(SOURCES), decoder_inputs_embeds=embed(TARGETS)
+    from_ids, from_embeds = (
+        forward(model),
+        forward(
+            model,
+            input_ids=None,
+            decoder_input_ids=None,
+            inputs_embeds=embed(SOURCES),
+            decoder_inputs_embeds=embed(TARGETS),
+        ),
     )
     assert from_ids[0].equal(from_embeds[0])
 
@@ -122,7 +131,9 @@ def test_inputs_embeds_give_what_the_input_ids_give(model_class):
 def test_resizing_the_vocabulary_resizes_every_table(tmp_path, tied, new_size):
     model = tiny_model(tie_word_embeddings=tied)
     tables = lambda m: (  # noqa: E731
-        m.model.encoder.embeddings.embed_tokens, m.model.decoder.embeddings.embed_tokens, m.lm_head
+        m.model.encoder.embeddings.embed_tokens,
+        m.model.decoder.embeddings.embed_tokens,
+        m.lm_head,
     )
     before = [table.weight.detach().clone() for table in tables(model)]
     model.resize_token_embeddings(new_size)
@@ -135,9 +146,9 @@ def test_resizing_the_vocabulary_resizes_every_table(tmp_path, tied, new_size):
     output = forward(model, decoder_input_ids=highest, labels=highest)
     assert output.logits.shape[-1] == new_size and torch.isfinite(output.loss)
     model.save_pretrained(tmp_path)
-    assert forward(AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager"), decoder_input_ids=highest).logits.equal(
-        forward(model, decoder_input_ids=highest).logits
-    )
+    assert forward(
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager"), decoder_input_ids=highest
+    ).logits.equal(forward(model, decoder_input_ids=highest).logits)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
-from hf_vanilla_transformer.training import TranslationTrainingArguments
+from hf_vanilla_transformer.training import TranslationTrainingArguments, checkpoint_to_resume
 
 OUTPUT_FILES = {
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -244,7 +245,7 @@ GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
         (lambda d: ["--tokenizer_name", str(d / "none"), "--train_file", TRAIN], r"none: no such folder"),
         (
             lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--num_beams", "0"],
-            r"--num_beams 0 must be at least 1",
+            r"num_beams=0 must be at least 1",
         ),
     ],
 )
@@ -549,13 +550,28 @@ def uninterrupted_run(tmp_path_factory) -> Path:
     return output
 
 
-@pytest.mark.parametrize("seed", range(4))  # 4 runs x 5 kills: the 20 kills BENCHMARKS.md counts
-def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_run, tmp_path, seed):
+@contextmanager
+def competing_cpu_load(processes: int = 2):
+    """CPU-bound processes beside the test, so that kills land elsewhere than on an idle machine."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+# 3 runs x 5 kills, the last with the CPU loaded by two other processes (kills then land at other moments)
+@pytest.mark.parametrize("seed, loaded", [(0, False), (1, False), (3, True)])
+def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_run, tmp_path, seed, loaded):
     import random
 
     killed = tmp_path / "killed"
     rng = random.Random(seed)
-    outcomes = [kill_when(killed, phase, rng) for phase in ("step", "checkpoint", "step", "checkpoint", "averaging")]
+    with competing_cpu_load() if loaded else nullcontext():
+        phases = ("step", "checkpoint", "step", "checkpoint", "averaging")
+        outcomes = [kill_when(killed, phase, rng) for phase in phases]
     assert outcomes == ["killed"] * 5
     restart = subprocess.run([sys.executable, *KILLED_RUN, "--output_dir", str(killed), "--resume_from_checkpoint"],
                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=KILL_TIMEOUT)  # fmt: skip
@@ -568,6 +584,78 @@ def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_ru
     assert losses[0] == losses[1] and len(losses[0]) == 240 // 4
     log = (tmp_path / "killed.log").read_text()
     assert "is incomplete (its run stopped while writing it): not used" in log  # a checkpoint kill was seen
+
+
+# Python's audit hooks see shutil.rmtree begin and each file it removes: `sitecustomize` kills the process at the
+# M-th file of the K-th checkpoint folder it deletes (KILL_WHILE_DELETING="K:M"), a moment a real kill rarely hits.
+KILL_WHILE_DELETING = """
+import os, signal, sys
+if os.environ.get("KILL_WHILE_DELETING"):
+    folder_number, file_number = map(int, os.environ["KILL_WHILE_DELETING"].split(":"))
+    seen = {"folders": 0, "files": 0}
+
+    def hook(event, args):
+        if event == "shutil.rmtree" and "checkpoint-" in os.fsdecode(args[0]):
+            seen["folders"] += 1
+        elif event == "os.remove" and seen["folders"] == folder_number:
+            seen["files"] += 1
+            if seen["files"] == file_number:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    sys.addaudithook(hook)
+"""
+
+
+def test_a_run_killed_while_deleting_old_checkpoints_resumes_to_the_same_weights(uninterrupted_run, tmp_path):
+    # transformers' rotation orders checkpoints by modification time, which a half-done deletion renews: the
+    # half-deleted folder was then kept in place of a newer checkpoint, and averaging read it (other weights)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(KILL_WHILE_DELETING)
+    killed = tmp_path / "killed"
+    command = [sys.executable, *KILLED_RUN, "--output_dir", str(killed), "--resume_from_checkpoint"]
+    for kill in ("4:2", "1:2", None):  # the 4th deletion of the first run, the 1st of the resumed one, then none
+        env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")} | ({"KILL_WHILE_DELETING": kill} if kill else {})
+        result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=KILL_TIMEOUT)
+        assert result.returncode == (-9 if kill else 0), result.stderr[-2000:]
+    assert (killed / "model.safetensors").read_bytes() == (uninterrupted_run / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in killed.iterdir() if "checkpoint" in p.name) == [
+        f"checkpoint-{step}" for step in (168, 192, 216, 240)
+    ]
+
+
+def write_checkpoints(output_dir: Path, steps: dict[int, bool]) -> None:
+    """`checkpoint-STEP` folders, complete (a trainer state naming the step, weights) or cut short before them."""
+    for step, complete in steps.items():
+        folder = output_dir / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        (folder / "optimizer.pt").write_bytes(b"")
+        if complete:
+            (folder / "model.safetensors").write_bytes(b"")
+            (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+
+
+def test_resuming_by_path_from_a_half_written_checkpoint_takes_the_newest_complete_one(tmp_path, caplog):
+    write_checkpoints(tmp_path, {10: True, 20: True, 30: False})
+    assert checkpoint_to_resume(str(tmp_path / "checkpoint-30")) == str(tmp_path / "checkpoint-20")
+    assert "checkpoint-30 is incomplete (its run stopped while writing it): resuming from" in caplog.text
+    assert checkpoint_to_resume(str(tmp_path / "checkpoint-20")) == str(tmp_path / "checkpoint-20")
+
+
+@pytest.mark.parametrize(
+    "steps, checkpoint, message",
+    [
+        ({30: False}, "checkpoint-30", "incomplete (its run stopped while writing it), and there is no complete"),
+        ({10: True, 20: True}, "checkpoint-10", "checkpoint-20 is newer; resume from the newest checkpoint"),
+        ({10: True}, "checkpoint-99", "not a checkpoint-STEP folder the Trainer wrote"),
+    ],
+)
+def test_resuming_by_path_from_no_usable_checkpoint_stops_in_one_line_naming_it(tmp_path, steps, checkpoint, message):
+    write_checkpoints(tmp_path, steps)
+    with pytest.raises(SystemExit) as exit_info:
+        run_translation.main(["--output_dir", str(tmp_path), "--do_train", "--train_file", TRAIN,
+                              "--resume_from_checkpoint", str(tmp_path / checkpoint)])  # fmt: skip
+    assert_one_line_error(exit_info.value.code, message)
+    assert str(tmp_path / checkpoint) in exit_info.value.code
 
 
 @pytest.mark.parametrize(

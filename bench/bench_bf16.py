@@ -1,0 +1,126 @@
+"""bfloat16 against float32 on this CPU, side by side: matrix products, a training step, generate() and CTranslate2.
+
+    python -m bench.bench_bf16 --model runs/multi30k-small --repetitions 3
+
+- "cpu": whether the CPU has bfloat16 units (AVX512-BF16, AMX: `hf_vanilla_transformer.precision`) and 2048x2048
+  matrix products per second in each dtype, on torch's threads.
+- "training": one training step (forward, backward, Adam) of the `small` and `base` presets on Multi30k batches of
+  <= 2,048 tokens, in float32 and under bfloat16 autocast (what the Trainer's --bf16 does on a CPU), interleaved,
+  medians of --repetitions; target tokens per second and the ratio.
+- "generate" and "ctranslate2": the trained model (--model) translates the 1,000 Multi30k test sources as
+  vanilla-translate does (batch 64, the model's decoding): generate() with the model loaded in float32 and in
+  bfloat16, and the model exported to CTranslate2 (float32) run with compute types float32, bfloat16, int8 and
+  int8_bfloat16; each measurement in a process of its own, in turn within each repetition; sentences/s, BLEU
+  (sacreBLEU 13a) and how many translations differ from float32's.
+Writes bench/results/bf16.json.
+"""
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import sacrebleu
+import torch
+
+from bench.bench_ctranslate2 import in_own_process, multi30k_test_pairs
+from bench.common import hf_loss, interleaved_medians, machine, multi30k_batches, step_function, write_results
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.export_ctranslate2 import export
+from hf_vanilla_transformer.precision import cpu_has_bf16_units
+
+
+def matmul_rate(dtype: torch.dtype, size: int = 2048, repetitions: int = 20) -> float:
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    start = time.perf_counter()
+    for _ in range(repetitions):
+        a @ b
+    return 2 * size**3 * repetitions / (time.perf_counter() - start)
+
+
+def autocast_loss(model, batch):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return hf_loss(model, batch)
+
+
+def training_figures(presets: list[str], repetitions: int) -> dict:
+    figures = {}
+    for preset in presets:
+        torch.manual_seed(0)
+        batches, tokenizer = multi30k_batches(8, 2048)
+        config = VanillaTransformerConfig.from_preset(preset, vocab_size=len(tokenizer))
+        candidates = {}
+        for name, loss in (("float32", hf_loss), ("bfloat16 autocast", autocast_loss)):
+            model = VanillaTransformerForConditionalGeneration(config)
+            model.set_attn_implementation("sdpa")
+            candidates[name] = step_function(model, batches, loss)
+        for run in candidates.values():
+            run()
+        medians = interleaved_medians(candidates, repetitions)
+        tokens = sum(int((b["labels"] != -100).sum()) for b in batches)
+        rates = {name: tokens / seconds for name, seconds in medians.items()}
+        figures[preset] = {
+            "target_tokens_per_second": {name: round(rate) for name, rate in rates.items()},
+            "bf16_over_fp32": round(rates["bfloat16 autocast"] / rates["float32"], 3),
+        }
+        print(f"training step, {preset}: {figures[preset]}")
+    return figures
+
+
+def translation_figures(model: str, repetitions: int) -> dict:
+    pairs = multi30k_test_pairs()
+    references = [target for _, target in pairs]
+    with tempfile.TemporaryDirectory() as folder:
+        exported = export(model, f"{folder}/ctranslate2", "float32")
+        systems = {
+            "generate() float32": ("generate", model, "float32"),
+            "generate() bfloat16": ("generate", model, "bfloat16"),
+            **{
+                f"CTranslate2 {compute_type}": ("ctranslate2", exported, compute_type)
+                for compute_type in ("float32", "bfloat16", "int8", "int8_bfloat16")
+            },
+        }
+        runs = {name: [] for name in systems}
+        for _ in range(repetitions):
+            for name, (system, path, compute_type) in systems.items():
+                runs[name].append(in_own_process("translate", system, path, 64, len(pairs), compute_type))
+    figures = {}
+    for name, measured in runs.items():
+        seconds = statistics.median(run["seconds"] for run in measured)
+        output = measured[0]["translations"]
+        baseline = "generate() float32" if name.startswith("generate") else "CTranslate2 float32"
+        figures[name] = {
+            "sentences_per_second": round(len(pairs) / seconds, 1),
+            "speedup_over_float32": round(statistics.median(r["seconds"] for r in runs[baseline]) / seconds, 3),
+            "bleu": round(sacrebleu.corpus_bleu(output, [references]).score, 2),
+            "translations_unlike_float32": sum(
+                mine != theirs for mine, theirs in zip(output, runs[baseline][0]["translations"], strict=True)
+            ),
+        }
+        print(f"{name:<28} {figures[name]}")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="runs/multi30k-small", help="A trained model folder (the main job's).")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--presets", nargs="+", default=["small", "base"])
+    parser.add_argument("--parts", nargs="+", default=["cpu", "training", "translation"])
+    args = parser.parse_args()
+    results = {"machine": machine(), "bf16_units": cpu_has_bf16_units(), "repetitions": args.repetitions}
+    if "cpu" in args.parts:
+        rates = {str(dtype).removeprefix("torch."): matmul_rate(dtype) for dtype in (torch.float32, torch.bfloat16)}
+        results["matmul_tflops"] = {name: round(rate / 1e12, 3) for name, rate in rates.items()}
+        print("matmul TFLOP/s:", results["matmul_tflops"], "bf16 units:", results["bf16_units"])
+    if "training" in args.parts:
+        results["training_step"] = training_figures(args.presets, args.repetitions)
+    if "translation" in args.parts:
+        results["translation"] = translation_figures(args.model, args.repetitions)
+    print("wrote", write_results("bf16", results))
+
+
+if __name__ == "__main__":
+    main()
