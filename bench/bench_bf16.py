@@ -10,7 +10,8 @@
 - "generate" and "ctranslate2": the trained model (--model) translates the 1,000 Multi30k test sources as
   vanilla-translate does (batch 64, the model's decoding): generate() with the model loaded in float32 and in
   bfloat16, and the model exported to CTranslate2 (float32) run with compute types float32, bfloat16, int8 and
-  int8_bfloat16; each measurement in a process of its own, in turn within each repetition; sentences/s, BLEU
+  int8_bfloat16 where this CPU's CTranslate2 offers them (its CPU build has no bfloat16 kernels); each
+  measurement in a process of its own, in turn within each repetition; sentences/s, BLEU
   (sacreBLEU 13a) and how many translations differ from float32's.
 Writes bench/results/bf16.json.
 """
@@ -20,6 +21,7 @@ import statistics
 import tempfile
 import time
 
+import ctranslate2
 import sacrebleu
 import torch
 
@@ -74,14 +76,18 @@ def translation_figures(model: str, repetitions: int) -> dict:
     references = [target for _, target in pairs]
     with tempfile.TemporaryDirectory() as folder:
         exported = export(model, f"{folder}/ctranslate2", "float32")
+        # CTranslate2 builds its bfloat16 kernels for GPUs only: on a CPU it refuses the compute type outright
+        supported = ctranslate2.get_supported_compute_types("cpu")
         systems = {
             "generate() float32": ("generate", model, "float32"),
             "generate() bfloat16": ("generate", model, "bfloat16"),
             **{
                 f"CTranslate2 {compute_type}": ("ctranslate2", exported, compute_type)
                 for compute_type in ("float32", "bfloat16", "int8", "int8_bfloat16")
+                if compute_type in supported
             },
         }
+        print("CTranslate2 compute types on this CPU:", sorted(supported))
         runs = {name: [] for name in systems}
         for _ in range(repetitions):
             for name, (system, path, compute_type) in systems.items():
@@ -100,6 +106,7 @@ def translation_figures(model: str, repetitions: int) -> dict:
             ),
         }
         print(f"{name:<28} {figures[name]}")
+    figures["ctranslate2_cpu_compute_types"] = sorted(supported)
     return figures
 
 

@@ -23,6 +23,7 @@ from hf_vanilla_transformer.cli import command_line_error
 from hf_vanilla_transformer.data import decoded_lines, numbered_lines
 from hf_vanilla_transformer.files import write_text_atomically
 from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer
+from hf_vanilla_transformer.precision import translation_dtype
 
 logger = logging.getLogger("vanilla-translate")
 
@@ -39,6 +40,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_new_tokens", type=int, default=None, help="Longest translation, in tokens.")
     parser.add_argument("--batch_size", type=int, default=32, help="Sentences translated together.")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="The model's dtype (auto: bfloat16 on a CPU with bfloat16 units, float32 elsewhere).",
+    )  # fmt: skip
     fast = parser.add_argument_group("CTranslate2 folders (from hf_vanilla_transformer.export_ctranslate2)")
     fast.add_argument("--compute_type", default="default", help="int8, int8_float32, float32, ... (default: as saved).")
     fast.add_argument(
@@ -78,7 +83,7 @@ def translate_file(args: argparse.Namespace) -> None:
         sys.stdout.reconfigure(encoding="utf-8")
     lines = read_lines(args.input)
     translator = load_translator(
-        args.model, args.device, compute_type=args.compute_type, inter_threads=args.inter_threads,
+        args.model, args.device, args.dtype, compute_type=args.compute_type, inter_threads=args.inter_threads,
         intra_threads=args.intra_threads,
     )  # fmt: skip
     generate_kwargs = {
@@ -94,14 +99,17 @@ def read_lines(path: str) -> list[str]:
     return [line.rstrip("\r\n") for _, line in numbered]
 
 
-def load_translator(model_path: str, device: str | None, **ctranslate2_options):
+def load_translator(model_path: str, device: str | None, dtype: str = "auto", **ctranslate2_options):
     """The folder's translator: a CTranslate2 folder (from export_ctranslate2) runs on ctranslate2.Translator with
-    `ctranslate2_options` (compute_type, inter_threads, intra_threads), any other on our TranslationPipeline."""
+    `ctranslate2_options` (compute_type, inter_threads, intra_threads), any other on our TranslationPipeline with
+    the model in `dtype` (precision.translation_dtype)."""
     from hf_vanilla_transformer.export_ctranslate2 import is_ctranslate2_folder
 
     if is_ctranslate2_folder(model_path):
+        if dtype != "auto":
+            raise ValueError(f"dtype {dtype} is for model folders; {model_path} is a CTranslate2 folder (compute_type)")
         return CTranslate2Translator(model_path, device, **ctranslate2_options)
-    return PipelineTranslator(model_path, device)
+    return PipelineTranslator(model_path, device, translation_dtype(dtype, device))
 
 
 class PipelineTranslator:
