@@ -17,8 +17,6 @@ import json
 import math
 import os
 
-import psutil
-
 from .errors import ParameterError
 
 CONFIG_NAME = "config.json"
@@ -108,13 +106,21 @@ def check_config_fits(config, model_path: str) -> None:
         )
     # the sinusoidal encoding is computed, not stored: only memory bounds it
     needed_bytes = 4 * (needed + config.max_position_embeddings * config.d_model)
-    available = psutil.virtual_memory().total
-    if needed_bytes > available:
+    available = physical_memory()
+    if available is not None and needed_bytes > available:
         raise ModelFolderError(
             f"{config_file}: the model it describes (d_model={config.d_model}, "
             f"max_position_embeddings={config.max_position_embeddings}, ...) needs at least "
             f"{needed_bytes / 2**30:,.1f} GiB, more than this machine's {available / 2**30:,.1f} GiB"
         )
+
+
+def physical_memory() -> int | None:
+    """The machine's memory in bytes, where the system says (POSIX); None elsewhere."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def stored_weight_count(weights_file: str) -> int | None:

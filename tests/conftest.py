@@ -1,4 +1,10 @@
-"""Shared fixtures. Everything runs offline: the Hub is never contacted. The helpers they use are in helpers.py."""
+"""Shared fixtures and the two tiers. Everything runs offline: the Hub is never contacted. The helpers the fixtures
+use are in helpers.py.
+
+`python -m pytest` runs the quick tier: tiny models and tokenizers made in the test, no `../shared` data, no
+browser, no training subprocess, no torch.compile. `python -m pytest --slow` adds the slow tier: tests marked
+`slow`, and every test that uses one of SLOW_FIXTURES (trained runs on `../shared` data and what is built on them).
+"""
 
 import os
 
@@ -10,6 +16,31 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from helpers import BOS, CHINESE_RUN, EOS, PAD, TINY_RUN, TrainedRun, intercepted_hub
+
+# The tests' models are tiny: one thread runs them as fast as two, and with another job on the machine torch's two
+# threads wait on each other (a quick-tier test took 90 s instead of 10). Subprocesses keep torch's default.
+torch.set_num_threads(1)
+
+# trained runs and what is built on them, the kill tests' and launches' runs, the demo server, a BPE on Multi30k
+SLOW_FIXTURES = {
+    "trained_run", "chinese_run", "model_and_tokenizer", "exported",
+    "uninterrupted_run", "launched_runs", "demo_url",
+}  # fmt: skip
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the slow tier (needs ../shared/data, Chromium)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+    if config.getoption("--slow"):
+        return
+    quick = [item for item in items if item.get_closest_marker("slow") is None]
+    config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("slow") is not None])
+    items[:] = quick
 
 
 @pytest.fixture

@@ -132,6 +132,17 @@ def generate_text(model, tokenizer, sentences, **kwargs) -> list[str]:
         return tokenizer.batch_decode(model.generate(**batch, **kwargs), skip_special_tokens=True)
 
 
+def run_with_peak_rss(command: list[str]) -> tuple[int, str, int]:
+    """Run `command`; its exit status, stderr and peak resident memory in bytes (the kernel's count for that one
+    child, from wait4)."""
+    with tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        stderr.seek(0)
+        return process.returncode, stderr.read().decode(errors="replace"), usage.ru_maxrss * 1024
+
+
 @contextmanager
 def intercepted_hub(commits: list):
     """huggingface_hub with the network calls of an upload replaced: the commit is recorded, not sent.

@@ -151,6 +151,7 @@ def test_resizing_the_vocabulary_resizes_every_table(tmp_path, tied, new_size):
     ).logits.equal(forward(model, decoder_input_ids=highest).logits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_attention_implementation_gives_the_eager_result(dtype):
     eager = tiny_model(**EQUAL_HEADS).to(dtype)
@@ -248,6 +249,7 @@ def test_a_static_cache_decodes_as_the_dynamic_one(num_beams):
     )
 
 
+@pytest.mark.slow
 def test_a_static_cache_compiled_as_one_graph_decodes_as_eager():
     model = tiny_model(**EQUAL_HEADS)
     compile_config = CompileConfig(fullgraph=True)

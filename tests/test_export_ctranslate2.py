@@ -14,7 +14,9 @@ from hf_vanilla_transformer.export_ctranslate2 import export, is_ctranslate2_fol
 from hf_vanilla_transformer.loading import ModelFolderError
 from hf_vanilla_transformer.translate import CTranslate2Translator, translate_lines
 
-PAIRS = list(read_translation_file(str(MULTI30K / "test.jsonl"), "en", "de"))
+
+def multi30k_test_pairs() -> list[tuple[str, str]]:
+    return list(read_translation_file(str(MULTI30K / "test.jsonl"), "en", "de"))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,7 @@ def pytorch_translations(model, tokenizer, sources, **generate_kwargs):
 def test_float32_translates_as_generate_does(model_and_tokenizer, float32, num_beams):
     """Greedy and beam 4, the model's length penalty and its source length + 50 limit, on 200 test sentences;
     batches of 32 by length (CTranslate2's limit is the batch's longest source + 50)."""
-    sources = [source for source, _ in PAIRS[:200]]
+    sources = [source for source, _ in multi30k_test_pairs()[:200]]
     expected = pytorch_translations(*model_and_tokenizer, sources, num_beams=num_beams)
     lines = translate_lines(float32, sources, 32, {"num_beams": num_beams}, show_progress=False)
     different = [(got, want) for got, want in zip(lines, expected, strict=True) if got != want]
@@ -77,8 +79,9 @@ def test_beam_scores_match_the_models_own(model_and_tokenizer, exported):
 def test_int8_moves_bleu_by_at_most_0_3(exported, float32):
     """On all 1,000 Multi30k test sentences. The fixture's model is barely trained (BLEU about 1), so this also asks
     that most translations stay the same; bench/bench_ctranslate2.py measures the main job's model."""
-    sources = [source for source, _ in PAIRS]
-    references = [[target for _, target in PAIRS]]
+    pairs = multi30k_test_pairs()
+    sources = [source for source, _ in pairs]
+    references = [[target for _, target in pairs]]
     int8 = CTranslate2Translator(exported["int8"], "cpu")
     outputs = {
         name: translate_lines(translator, sources, 64, {}, show_progress=False)

@@ -372,6 +372,7 @@ def batches_of_changing_shape(count: int, seed: int = 0):
                "labels": torch.randint(4, 99, (rows, target), generator=generator)}  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_dynamo_sees_the_model_as_one_graph_in_training_and_evaluation(attn_implementation):
     """No graph break anywhere in a forward pass (so none inside a layer), as torch.compile would trace it."""
@@ -382,6 +383,7 @@ def test_dynamo_sees_the_model_as_one_graph_in_training_and_evaluation(attn_impl
         assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
 
 
+@pytest.mark.slow
 def test_compiled_training_matches_eager_over_steps_of_changing_shape():
     """torch.compile (inductor) against eager: losses and logits within 1e-5 at every step of 8 Adam steps on
     batches of 8 shapes, and at most 2 compilations of the forward pass (the first shape, then one with dynamic

@@ -191,6 +191,7 @@ def test_english_to_chinese_model_card_and_reloaded_pipeline(chinese_run):
     assert all(CHINESE_CHARACTER.search(output["translation_text"]) for output in outputs), outputs
 
 
+@pytest.mark.slow
 def test_bleu_tokenize_overrides_the_target_languages_choice(tmp_path):
     run_args = [*CHINESE_RUN, "--max_steps", "5", "--do_eval", "false", "--output_dir", str(tmp_path / "out")]
     results = run_translation.main([*run_args, "--bleu_tokenize", "char"])
@@ -242,7 +243,10 @@ GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
             lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--config_overrides", "dropout=2"],
             r"dropout=2 is invalid",
         ),
-        (lambda d: ["--tokenizer_name", str(d / "none"), "--train_file", TRAIN], r"none: no such folder"),
+        (
+            lambda d: ["--tokenizer_name", str(d / "none"), "--train_file", write_lines(d / "t.jsonl", [GOOD] * 50)],
+            r"none: no such folder",
+        ),
         (
             lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--num_beams", "0"],
             r"num_beams=0 must be at least 1",
@@ -443,6 +447,7 @@ def test_only_the_main_process_writes_the_run(launched_runs, launch):
     assert json.loads((output / "all_results.json").read_text())["predict_samples"] == 24
 
 
+@pytest.mark.slow
 def test_processes_that_do_not_join_one_run_are_an_error(tmp_path):
     """`accelerate launch --multi_gpu` without a GPU and without --use_cpu starts 2 processes that each train alone
     (transformers only warns): refused before anything is written."""
@@ -472,6 +477,7 @@ def test_the_fsdp_recipe_is_an_accelerate_config_for_the_layers():
         "VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint(tmp_path):
     tiny = [
         "--train_file", TRAIN, "--max_train_samples", "600", "--vocab_size", "400",
@@ -509,7 +515,7 @@ KILLED_RUN = [
     "--save_total_limit", "4", "--average_last_checkpoints", "3", "--logging_steps", "4", "--seed", "3",
     "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true",
 ]  # fmt: skip
-KILL_TIMEOUT = 120
+KILL_TIMEOUT = 240
 
 
 def kill_when(output_dir: Path, phase: str, rng) -> str:
@@ -563,7 +569,7 @@ def competing_cpu_load(processes: int = 2):
 
 
 # 3 runs x 5 kills, the last with the CPU loaded by two other processes (kills then land at other moments)
-@pytest.mark.parametrize("seed, loaded", [(0, False), (1, False), (3, True)])
+@pytest.mark.parametrize("seed, loaded", [(0, False), (3, True)])
 def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_run, tmp_path, seed, loaded):
     import random
 

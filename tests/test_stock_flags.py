@@ -13,6 +13,8 @@ import run_translation
 from helpers import TEST, TRAIN, VALIDATION, assert_one_line_error
 from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 
+pytestmark = pytest.mark.slow  # runs run_translation.py on Multi30k slices
+
 # a 1+1-layer d_model 32 model on 200 pairs, 15 steps: each run takes seconds
 STOCK_RUN = [
     "--preset", "small", "--config_overrides",

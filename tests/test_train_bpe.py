@@ -18,6 +18,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_cli_trains_the_multi30k_vocabulary(tmp_path):
     output = tmp_path / "bpe8k"
     result = run_cli("--train_file", TRAIN, "--source_lang", "en", "--target_lang", "de", "--vocab_size", "8000",
@@ -118,6 +119,7 @@ def test_a_hostile_line_stops_it_in_one_line_naming_file_and_line(tmp_path, line
     assert sorted(path.name for path in tmp_path.iterdir()) == ["train.jsonl"]
 
 
+@pytest.mark.slow
 def test_a_late_error_leaves_no_folder_and_an_existing_one_untouched(tmp_path):
     lines = [json.dumps({"translation": {"en": f"cat {i}", "de": f"Katze {i}"}}) for i in range(3000)]
     bad = write_lines(tmp_path / "late.jsonl", [*lines, "not json"])

@@ -294,6 +294,7 @@ def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gradient_checkpointing", [False, True])
 def test_seq2seq_trainer_learns_to_reverse(tmp_path, gradient_checkpointing):
     tokenizer = letter_tokenizer()

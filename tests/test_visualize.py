@@ -130,6 +130,7 @@ def test_the_page_holds_every_kind_layer_and_head_and_needs_no_network(model_and
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing fetched from elsewhere
 
 
+@pytest.mark.slow
 def test_the_page_draws_the_chosen_map_in_a_real_browser(tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
