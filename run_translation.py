@@ -25,6 +25,7 @@ from itertools import chain
 
 import transformers
 from datasets import Dataset
+from huggingface_hub.errors import StrictDataclassError
 from transformers import DataCollatorForSeq2Seq, HfArgumentParser, set_seed
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
@@ -182,8 +183,10 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArgume
 def main(argv: list[str] | None = None) -> dict:
     try:
         run = prepare(*parse_arguments(sys.argv[1:] if argv is None else argv))
-    except (ValueError, OSError, ImportError) as error:
-        sys.exit(f"{PROGRAM}: error: {command_line_error(error, FLAGS)}")
+    except (ValueError, OSError, ImportError, StrictDataclassError) as error:
+        message = command_line_error(error, FLAGS)
+        # on one line: a StrictDataclassError (a config field of the wrong type or value) takes two
+        sys.exit(f"{PROGRAM}: error: {' '.join(line.strip() for line in message.splitlines())}")
     return train_and_evaluate(run)
 
 

@@ -10,6 +10,7 @@ import math
 import os
 
 import psutil
+from huggingface_hub.errors import StrictDataclassError
 
 from .errors import ParameterError
 
@@ -40,6 +41,8 @@ def load_model(model_path: str, device: str | None = None, parameter: str = "mod
     read_json_object(config_file)
     try:  # trust_remote_code=False: a model type transformers does not know is refused, not prompted for
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+    except StrictDataclassError as error:  # a field of the wrong type or value: its message takes two lines
+        raise ModelFolderError(f"{config_file}: {' '.join(str(error).split())}") from None
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise ModelFolderError(f"{config_file}: {first_line(error)}") from None
     check_config_fits(config, model_path)

@@ -242,6 +242,16 @@ GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
             lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--config_overrides", "dropout=2"],
             r"dropout=2 is invalid",
         ),
+        (
+            lambda d: [
+                "--train_file",
+                write_lines(d / "t.jsonl", [GOOD] * 50),
+                "--config_overrides",
+                "position_embedding_type=rotary",
+            ],
+            r"Validation error for field 'position_embedding_type': TypeError: .* expected one of "
+            r"\('sinusoidal', 'learned'\), got rotary$",
+        ),
         (lambda d: ["--tokenizer_name", str(d / "none"), "--train_file", TRAIN], r"none: no such folder"),
         (
             lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--num_beams", "0"],
@@ -254,7 +264,7 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, make_args, mess
     with pytest.raises(SystemExit) as exit_info:
         run_translation.main([*make_args(tmp_path), "--do_train", "--output_dir", str(output), "--report_to", "none"])
     assert str(exit_info.value.code).startswith("run_translation.py: error: ")
-    assert re.search(message, str(exit_info.value.code)), exit_info.value.code
+    assert re.search(message, str(exit_info.value.code)) and "\n" not in str(exit_info.value.code), exit_info.value.code
     assert not output.exists()
 
 
