@@ -1,20 +1,12 @@
-"""What the command lines (`run_translation.py`, `train_bpe.py`) share: recipe files, `--config_overrides`, and
-errors told in terms of their flags.
-
-The library raises errors that name its Python parameters (`ParameterError`: `vocab_size`, `output_dir`, ...); a
-command line shows the same error with its flags (`--vocab_size`, `--output_dir`): `command_line_error`.
-"""
+"""What the command lines (`run_translation.py`, `train_bpe.py`) share: recipe files and `--config_overrides`."""
 
 import json
-import re
 from argparse import Action, ArgumentParser, ArgumentTypeError
-from collections.abc import Collection, Mapping
 
 import yaml
 from transformers import HfArgumentParser
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .errors import ParameterError
 
 RECIPE_EXTENSIONS = (".yaml", ".yml", ".json")
 
@@ -92,9 +84,7 @@ def parse_config_overrides(config_overrides: str | None) -> dict:
     for item in filter(None, (config_overrides or "").split(",")):
         name, separator, value = item.partition("=")
         if not separator or not hasattr(VanillaTransformerConfig(), name.strip()):
-            raise ParameterError(
-                f"config_overrides: {item!r} is not NAME=VALUE with a config attribute NAME", "config_overrides"
-            )
+            raise ValueError(f"config_overrides: {item!r} is not NAME=VALUE with a config attribute NAME")
         overrides[name.strip()] = scalar(value)
     return overrides
 
@@ -107,14 +97,3 @@ def scalar(text: str):
         except ValueError:
             return value
     return value
-
-
-def command_line_error(error: Exception, flags: Mapping[str, str] | Collection[str]) -> str:
-    """The error's message, with each parameter a `ParameterError` names written as its flag: `flags` maps parameter
-    names to flag names, or lists the parameters whose flags have the same name."""
-    flags = flags if isinstance(flags, Mapping) else {name: name for name in flags}
-    message = str(error)
-    for parameter in getattr(error, "parameters", ()):
-        if parameter in flags:
-            message = re.sub(rf"(?<![\w-]){re.escape(parameter)}(?!\w)", f"--{flags[parameter]}", message)
-    return message

@@ -6,19 +6,13 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import ParameterError
-
 
 def check_output_dir(output_dir: str, overwrite_output_dir: bool) -> None:
     """Refuse to replace a non-empty folder unless asked to, before any work is done."""
     if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite_output_dir:
-        raise ParameterError(
-            f"output_dir {output_dir} exists and is not empty; add overwrite_output_dir to replace it",
-            "output_dir",
-            "overwrite_output_dir",
-        )
+        raise ValueError(f"output_dir {output_dir} exists and is not empty; add overwrite_output_dir to replace it")
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ParameterError(f"output_dir {output_dir} exists and is not a folder", "output_dir")
+        raise ValueError(f"output_dir {output_dir} exists and is not a folder")
 
 
 def write_text_atomically(path: str, text: str) -> None:

@@ -12,32 +12,30 @@ import os
 import psutil
 from huggingface_hub.errors import StrictDataclassError
 
-from .errors import ParameterError
-
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
-class ModelFolderError(ParameterError):
+class ModelFolderError(ValueError):
     """A model or tokenizer folder that cannot be used; the message names the file and the problem."""
 
 
 def load_model_and_tokenizer(model_path: str, device: str | None = None, dtype=None):
     """The folder's model (on `device`; default: cuda if available; in `dtype`, default: as saved) and tokenizer."""
-    return load_model(model_path, device, dtype=dtype), load_tokenizer(model_path, "model_path")
+    return load_model(model_path, device, dtype=dtype), load_tokenizer(model_path)
 
 
-def load_model(model_path: str, device: str | None = None, parameter: str = "model_path", dtype=None):
+def load_model(model_path: str, device: str | None = None, dtype=None):
     """The folder's sequence-to-sequence model, checked: its config fits its weights and this machine's memory,
-    model.safetensors holds exactly the model's weights, and all are finite. `parameter` is the name errors give
-    the folder; `dtype` (a torch dtype or its name) is `from_pretrained`'s (default: as saved). What is checked
-    here and what is left to transformers: docs/loading.md."""
+    model.safetensors holds exactly the model's weights, and all are finite. `dtype` (a torch dtype or its name)
+    is `from_pretrained`'s (default: as saved). What is checked here and what is left to transformers:
+    docs/loading.md."""
     import torch
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     config_file = os.path.join(model_path, CONFIG_NAME)
     if not os.path.isfile(config_file):
-        raise ModelFolderError(f"{parameter} {model_path}: not a model folder (no {CONFIG_NAME})", parameter)
+        raise ModelFolderError(f"{model_path}: not a model folder (no {CONFIG_NAME})")
     read_json_object(config_file)
     try:  # trust_remote_code=False: a model type transformers does not know is refused, not prompted for
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
@@ -106,13 +104,12 @@ def stored_weight_count(weights_file: str) -> int | None:
         raise ModelFolderError(f"{weights_file}: not a readable safetensors file ({first_line(error)})") from None
 
 
-def load_tokenizer(path: str, parameter: str = "tokenizer_name"):
-    """The folder's tokenizer; a folder without a usable one is an error naming the file. `parameter` is the name
-    errors give the folder."""
+def load_tokenizer(path: str):
+    """The folder's tokenizer; a folder without a usable one is an error naming the file or folder."""
     from transformers import AutoTokenizer
 
     if not os.path.isdir(path):
-        raise ModelFolderError(f"{parameter} {path}: no such folder", parameter)
+        raise ModelFolderError(f"{path}: no such folder")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if os.path.isfile(os.path.join(path, name)):
             read_json_object(os.path.join(path, name))
@@ -124,7 +121,7 @@ def load_tokenizer(path: str, parameter: str = "tokenizer_name"):
             if os.path.isfile(os.path.join(path, "tokenizer.json"))
             else "no tokenizer.json, and transformers could build none from the other files"
         )
-        raise ModelFolderError(f"{parameter} {path}: no usable tokenizer ({why})", parameter) from None
+        raise ModelFolderError(f"{path}: no usable tokenizer ({why})") from None
 
 
 def read_json_object(file: str) -> dict:

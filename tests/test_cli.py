@@ -1,19 +1,11 @@
-"""hf_vanilla_transformer.cli and errors: recipe files, --config_overrides, and library errors told as flags."""
+"""hf_vanilla_transformer.cli: recipe files and --config_overrides."""
 
 from dataclasses import dataclass, field
 
 import pytest
 from transformers import HfArgumentParser
 
-from hf_vanilla_transformer.cli import (
-    command_line_error,
-    expand_recipe,
-    parse_config_overrides,
-    parse_flags,
-    recipe_flags,
-)
-from hf_vanilla_transformer.errors import ParameterError
-from hf_vanilla_transformer.files import check_output_dir
+from hf_vanilla_transformer.cli import expand_recipe, parse_config_overrides, parse_flags, recipe_flags
 
 
 @dataclass
@@ -134,47 +126,7 @@ def test_parse_config_overrides_reads_yaml_scalars():
 
 
 @pytest.mark.parametrize("item", ["colour=3", "d_model", "=3"])
-def test_a_bad_config_override_is_a_parameter_error_naming_config_overrides(item):
-    with pytest.raises(ParameterError) as error:
+def test_a_bad_config_override_is_a_value_error_naming_config_overrides(item):
+    with pytest.raises(ValueError) as error:
         parse_config_overrides(f"d_model=256,{item}")
     assert str(error.value) == f"config_overrides: {item!r} is not NAME=VALUE with a config attribute NAME"
-    assert error.value.parameters == ("config_overrides",) and isinstance(error.value, ValueError)
-
-
-def test_parameter_error_is_a_value_error_that_keeps_its_parameters():
-    error = ParameterError("vocab_size 100 is below 260", "vocab_size")
-    assert isinstance(error, ValueError) and str(error) == "vocab_size 100 is below 260"
-    assert error.parameters == ("vocab_size",) and ParameterError("no parameter").parameters == ()
-
-
-def test_command_line_error_writes_the_named_parameters_as_flags(tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "model.safetensors").write_text("earlier")
-    with pytest.raises(ParameterError) as error:
-        check_output_dir(str(tmp_path / "out"), overwrite_output_dir=False)
-    assert command_line_error(error.value, ["output_dir", "overwrite_output_dir", "vocab_size"]) == (
-        f"--output_dir {tmp_path / 'out'} exists and is not empty; add --overwrite_output_dir to replace it"
-    )
-    # a parameter the command line has no flag for stays as it is
-    assert command_line_error(error.value, {"output_dir"}).endswith("; add overwrite_output_dir to replace it")
-
-
-def test_command_line_error_renames_with_a_mapping_and_leaves_other_words():
-    error = ParameterError("path in.txt: no such file; model_path and path_suffix are not path", "path")
-    assert command_line_error(error, {"path": "input", "model_path": "model"}) == (
-        "--input in.txt: no such file; model_path and path_suffix are not --input"
-    )
-    not_named = ParameterError("vocab_size 100 is below 260 (output_dir unchanged)", "vocab_size")
-    assert command_line_error(not_named, ["vocab_size", "output_dir"]) == (
-        "--vocab_size 100 is below 260 (output_dir unchanged)"
-    )
-    already_a_flag = ParameterError("--max_steps and max_steps_per_epoch: max_steps must be positive", "max_steps")
-    assert command_line_error(already_a_flag, ["max_steps"]) == (
-        "--max_steps and max_steps_per_epoch: --max_steps must be positive"
-    )
-
-
-def test_command_line_error_leaves_a_plain_value_error_unchanged():
-    error = ValueError("output_dir x: vocab_size is too small")
-    assert command_line_error(error, ["output_dir", "vocab_size"]) == "output_dir x: vocab_size is too small"
-    assert command_line_error(OSError("disk full"), {"path": "input"}) == "disk full"

@@ -195,7 +195,9 @@ def test_bleu_tokenize_overrides_the_target_languages_choice(tmp_path):
     run_args = [*CHINESE_RUN, "--max_steps", "5", "--do_eval", "false", "--output_dir", str(tmp_path / "out")]
     results = run_translation.main([*run_args, "--bleu_tokenize", "char"])
     assert "|tok:char|" in results["predict_bleu_signature"]
-    with pytest.raises(SystemExit, match=r"--bleu_tokenize 'zh-cn' is not a sacreBLEU tokenization; choose one of"):
+    with pytest.raises(
+        SystemExit, match=r"error: bleu_tokenize 'zh-cn' is not a sacreBLEU tokenization; choose one of"
+    ):
         run_translation.main([*run_args, "--output_dir", str(tmp_path / "other"), "--bleu_tokenize", "zh-cn"])
     assert not (tmp_path / "other").exists()
 
@@ -236,7 +238,7 @@ GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
         ),
         (
             lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--config_overrides", "colour=3"],
-            r"--config_overrides: 'colour=3' is not NAME=VALUE",
+            r"error: config_overrides: 'colour=3' is not NAME=VALUE",
         ),
         (
             lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--config_overrides", "dropout=2"],
@@ -299,7 +301,7 @@ def test_a_tokenizer_that_does_not_fit_the_model_stops_before_training(trained_r
 def test_existing_output_dir_needs_overwrite(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "model.safetensors").write_text("earlier")
-    with pytest.raises(SystemExit, match="exists and is not empty; add --overwrite_output_dir"):
+    with pytest.raises(SystemExit, match="exists and is not empty; add overwrite_output_dir to replace it"):
         run_translation.main(["--train_file", TRAIN, "--do_train", "--output_dir", str(tmp_path / "out")])
     assert (tmp_path / "out" / "model.safetensors").read_text() == "earlier"
 
