@@ -26,10 +26,10 @@ from itertools import chain
 import transformers
 from datasets import Dataset
 from huggingface_hub.errors import StrictDataclassError
-from transformers import DataCollatorForSeq2Seq, HfArgumentParser, set_seed
+from transformers import DataCollatorForSeq2Seq, set_seed
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.cli import expand_recipe, parse_config_overrides, parse_flags
+from hf_vanilla_transformer.cli import FlagParser, expand_recipe, parse_config_overrides
 from hf_vanilla_transformer.data import load_translation_split
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
 from hf_vanilla_transformer.hub import push_model_folder, render_model_card, training_table
@@ -164,8 +164,7 @@ class Run:
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArguments, TranslationTrainingArguments]:
     """Flags, or a recipe file (.yaml/.json) followed by flags that override it. A bare `--resume_from_checkpoint`
     means `--resume_from_checkpoint latest`."""
-    parser = HfArgumentParser(ARGUMENT_CLASSES)
-    argv = expand_recipe(argv, parser)
+    argv = expand_recipe(argv)
     for flag in argv:
         name = flag.removeprefix("--").partition("=")[0]
         if flag.startswith("--") and name in STOCK_FLAGS_NOT_TAKEN:
@@ -176,7 +175,7 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArgume
         if flag == "--resume_from_checkpoint" and (index + 1 == len(argv) or argv[index + 1].startswith("--")):
             argv = [*argv[: index + 1], LATEST, *argv[index + 1 :]]
             break
-    return parse_flags(parser, argv)
+    return FlagParser(ARGUMENT_CLASSES).parse_args_into_dataclasses(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -11,9 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from itertools import chain, islice
 
-from transformers import HfArgumentParser
-
-from hf_vanilla_transformer.cli import parse_flags
+from hf_vanilla_transformer.cli import FlagParser
 from hf_vanilla_transformer.data import file_sentences, read_dataset
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.tokenizer_training import (
@@ -50,7 +48,7 @@ class BpeTrainingArguments:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        (args,) = parse_flags(HfArgumentParser(BpeTrainingArguments), argv)
+        (args,) = FlagParser(BpeTrainingArguments).parse_args_into_dataclasses(argv)
         train(args)
     except (ValueError, OSError) as error:
         sys.exit(f"train_bpe.py: error: {error}")
