@@ -28,7 +28,7 @@ import warnings
 
 import numpy as np
 
-from .files import atomic_output_dir, write_text_atomically
+from .files import atomic_output_dir, replace_atomically, write_text_atomically
 from .inspection import (
     ATTENTION_KINDS,
     AttentionMaps,
@@ -94,10 +94,8 @@ def attention_figure(weights, row_labels: list[str], column_labels: list[str], t
 
 
 def save_figure(figure, path: str) -> str:
-    """Write `figure` as a PNG at `path`, through a temporary file: a reader never sees half a picture."""
-    temporary = f"{path}.partial"
-    figure.savefig(temporary, format="png")
-    os.replace(temporary, path)
+    """Write `figure` as a PNG at `path`, all or nothing: a reader never sees half a picture."""
+    replace_atomically(path, lambda temporary: figure.savefig(temporary, format="png"))
     return path
 
 
