@@ -20,15 +20,16 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from itertools import chain
 
 import transformers
 from datasets import Dataset
-from transformers import DataCollatorForSeq2Seq, HfArgumentParser, set_seed
+from huggingface_hub.errors import StrictDataclassError
+from transformers import DataCollatorForSeq2Seq, set_seed
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.cli import command_line_error, expand_recipe, parse_config_overrides, parse_flags
+from hf_vanilla_transformer.cli import FlagParser, expand_recipe, parse_config_overrides
 from hf_vanilla_transformer.data import load_translation_split
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
 from hf_vanilla_transformer.hub import push_model_folder, render_model_card, training_table
@@ -125,7 +126,6 @@ class DataTrainingArguments:
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataTrainingArguments, TranslationTrainingArguments)
-FLAGS = {f.name for cls in ARGUMENT_CLASSES for f in fields(cls)}
 SPLITS = (("train", "train_file", "max_train_samples"), ("validation", "validation_file", "max_eval_samples"),
           ("test", "test_file", "max_predict_samples"))  # fmt: skip
 METRIC_PREFIXES = {"validation": "eval", "test": "predict"}
@@ -164,8 +164,7 @@ class Run:
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArguments, TranslationTrainingArguments]:
     """Flags, or a recipe file (.yaml/.json) followed by flags that override it. A bare `--resume_from_checkpoint`
     means `--resume_from_checkpoint latest`."""
-    parser = HfArgumentParser(ARGUMENT_CLASSES)
-    argv = expand_recipe(argv, parser)
+    argv = expand_recipe(argv)
     for flag in argv:
         name = flag.removeprefix("--").partition("=")[0]
         if flag.startswith("--") and name in STOCK_FLAGS_NOT_TAKEN:
@@ -176,14 +175,15 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArgume
         if flag == "--resume_from_checkpoint" and (index + 1 == len(argv) or argv[index + 1].startswith("--")):
             argv = [*argv[: index + 1], LATEST, *argv[index + 1 :]]
             break
-    return parse_flags(parser, argv)
+    return FlagParser(ARGUMENT_CLASSES).parse_args_into_dataclasses(argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
     try:
         run = prepare(*parse_arguments(sys.argv[1:] if argv is None else argv))
-    except (ValueError, OSError, ImportError) as error:
-        sys.exit(f"{PROGRAM}: error: {command_line_error(error, FLAGS)}")
+    except (ValueError, OSError, ImportError, StrictDataclassError) as error:
+        # on one line: a StrictDataclassError (a config field of the wrong type or value) takes two
+        sys.exit(f"{PROGRAM}: error: {' '.join(line.strip() for line in str(error).splitlines())}")
     return train_and_evaluate(run)
 
 
@@ -260,7 +260,7 @@ def load_or_train_tokenizer(model_args, splits, resume_from_checkpoint: str | No
     ):
         source = resume_from_checkpoint
     if source is not None:
-        return load_tokenizer(source, "tokenizer_name" if model_args.tokenizer_name else "model_name_or_path")
+        return load_tokenizer(source)
     if "train" not in splits:
         raise ValueError("without --tokenizer_name the vocabulary is trained on the training data: give --do_train")
     logger.info("Training a shared %d-token BPE vocabulary on the training data", model_args.vocab_size)
@@ -274,7 +274,7 @@ def load_or_train_tokenizer(model_args, splits, resume_from_checkpoint: str | No
 
 def load_or_build_model(model_args, tokenizer):
     if model_args.model_name_or_path is not None:
-        model = load_model(model_args.model_name_or_path, "cpu", "model_name_or_path")
+        model = load_model(model_args.model_name_or_path, "cpu")
         if model_args.tokenizer_name is not None:
             try:
                 check_tokenizer_fits_model(tokenizer, model.config)

@@ -8,12 +8,10 @@ A thin command line over `hf_vanilla_transformer.tokenizer_training.train_shared
 """
 
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from itertools import chain, islice
 
-from transformers import HfArgumentParser
-
-from hf_vanilla_transformer.cli import command_line_error, parse_flags
+from hf_vanilla_transformer.cli import FlagParser
 from hf_vanilla_transformer.data import file_sentences, read_dataset
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.tokenizer_training import (
@@ -50,10 +48,10 @@ class BpeTrainingArguments:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        (args,) = parse_flags(HfArgumentParser(BpeTrainingArguments), argv)
+        (args,) = FlagParser(BpeTrainingArguments).parse_args_into_dataclasses(argv)
         train(args)
     except (ValueError, OSError) as error:
-        sys.exit(f"train_bpe.py: error: {command_line_error(error, {f.name for f in fields(BpeTrainingArguments)})}")
+        sys.exit(f"train_bpe.py: error: {error}")
 
 
 def train(args: BpeTrainingArguments) -> None:

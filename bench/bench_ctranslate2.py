@@ -206,7 +206,7 @@ def translate_figures(args, exports: dict[str, tuple[str, str]], batch_size: int
         for name, (system, folder) in exports.items():
             runs[name].append(in_own_process("translate", system, folder, batch_size, count))
     medians = {name: statistics.median(run["seconds"] for run in runs[name]) for name in runs}
-    tokenizer = load_tokenizer(args.model, "model_path")
+    tokenizer = load_tokenizer(args.model)
     figures = {}
     for name, measured in runs.items():
         output = measured[0]["translations"]

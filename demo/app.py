@@ -15,7 +15,6 @@ import uuid
 import gradio as gr
 from huggingface_hub import snapshot_download
 
-from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.inspection import attention_maps, decoding_steps
 from hf_vanilla_transformer.loading import load_model_and_tokenizer
 from hf_vanilla_transformer.visualize import STEP_COLUMNS, cross_attention_figure, save_figure, steps_table
@@ -33,7 +32,7 @@ def model_folder(model: str) -> str:
         return snapshot_download(model)
     except (OSError, ValueError) as error:
         reason = str(error).splitlines()[0]
-        raise ParameterError(f"model {model}: not a folder, nor a model on the Hub ({reason})", "model") from None
+        raise ValueError(f"model {model}: not a folder, nor a model on the Hub ({reason})") from None
 
 
 def build_demo(model_path: str) -> gr.Blocks:
@@ -47,8 +46,8 @@ def build_demo(model_path: str) -> gr.Blocks:
         try:
             maps = attention_maps(model, tokenizer, source)
             steps, _ = decoding_steps(model, tokenizer, source, num_beams=model.generation_config.num_beams or 1)
-        except ParameterError as error:
-            raise gr.Error(str(error).removeprefix("source: "), print_exception=False) from None
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from None
         picture = save_figure(cross_attention_figure(maps), os.path.join(pictures, f"{uuid.uuid4().hex}.png"))
         return maps.translation, picture, steps_table(steps)
 

@@ -1,27 +1,30 @@
-"""What the command lines (`run_translation.py`, `train_bpe.py`) share: recipe files, `--config_overrides`, and
-errors told in terms of their flags.
-
-The library raises errors that name its Python parameters (`ParameterError`: `vocab_size`, `output_dir`, ...); a
-command line shows the same error with its flags (`--vocab_size`, `--output_dir`): `command_line_error`.
-"""
+"""What the command lines (`run_translation.py`, `train_bpe.py`) share: a flag parser whose errors are one line,
+recipe files (expanded to flags, which the parser then checks) and `--config_overrides`."""
 
 import json
 import re
-from argparse import Action, ArgumentParser, ArgumentTypeError
-from collections.abc import Collection, Mapping
 
 import yaml
 from transformers import HfArgumentParser
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .errors import ParameterError
 
 RECIPE_EXTENSIONS = (".yaml", ".yml", ".json")
+FLAG_NAME = re.compile(r"[A-Za-z][\w-]*")
 
 
-def recipe_flags(recipe_file: str, parser: ArgumentParser) -> list[str]:
-    """The command-line flags a recipe file (.yaml/.json mapping flag names to values) stands for, each checked
-    against `parser` so that an error names the recipe and the key. A null value leaves the flag at its default."""
+class FlagParser(HfArgumentParser):
+    """`HfArgumentParser` whose errors (a mistyped flag, a bad value) are a ValueError of one line: argparse would
+    print the whole usage (hundreds of lines for the Trainer's flags) above the error."""
+
+    def error(self, message: str):
+        raise ValueError(f"{message} (see --help)")
+
+
+def recipe_flags(recipe_file: str) -> list[str]:
+    """The command-line flags a recipe file (.yaml/.json mapping flag names to values) stands for: `name: value`
+    becomes `--name value`, a list one flag with several values, true/false `true`/`false`. A null value leaves
+    the flag at its default. The command's parser then checks the flags as it checks those typed."""
     try:
         with open(recipe_file, encoding="utf-8") as file:
             recipe = json.load(file) if recipe_file.endswith(".json") else yaml.safe_load(file)
@@ -34,50 +37,23 @@ def recipe_flags(recipe_file: str, parser: ArgumentParser) -> list[str]:
         raise ValueError(f"{recipe_file}: a recipe is a mapping of flag names to values")
     flags = []
     for name, value in recipe.items():
-        action = parser._option_string_actions.get(f"--{name}") if isinstance(name, str) else None
-        if action is None or not action.option_strings:
-            raise ValueError(f"{recipe_file}: {name!r} is not a flag of this command")
+        if not (isinstance(name, str) and FLAG_NAME.fullmatch(name)):
+            raise ValueError(f"{recipe_file}: {name!r} is not a flag name")
         if value is None:
             continue
-        values = [str(v).lower() if isinstance(v, bool) else v for v in (value if isinstance(value, list) else [value])]
-        check_recipe_values(action, values, f"{recipe_file}: {name}")
-        flags += [f"--{name}", *map(str, values)]
+        values = value if isinstance(value, list) else [value]
+        for one in values:
+            if one is None or isinstance(one, (dict, list)):
+                raise ValueError(f"{recipe_file}: {name}: {one!r} is not a value (a number, a string or true/false)")
+        flags += [f"--{name}", *(str(one).lower() if isinstance(one, bool) else str(one) for one in values)]
     return flags
 
 
-def check_recipe_values(action: Action, values: list, where: str) -> None:
-    """Values a recipe gives one flag, checked as argparse would check them on the command line."""
-    if len(values) != 1 and action.nargs not in ("+", "*"):
-        raise ValueError(f"{where}: takes one value, not a list of {len(values)}")
-    for value in values:
-        if isinstance(value, (dict, list)) or value is None:
-            raise ValueError(f"{where}: {value!r} is not a value (a number, a string or true/false)")
-        try:
-            converted = action.type(str(value)) if action.type else str(value)
-        except (ValueError, TypeError, ArgumentTypeError):
-            expected = getattr(action.type, "__name__", "value")
-            expected = {"int": "integer", "float": "number", "string_to_bool": "true/false"}.get(expected, expected)
-            raise ValueError(f"{where}: {value!r} is not a valid {expected}") from None
-        if action.choices is not None and converted not in action.choices:
-            raise ValueError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
-
-
-def expand_recipe(argv: list[str], parser: ArgumentParser) -> list[str]:
+def expand_recipe(argv: list[str]) -> list[str]:
     """`argv` with a leading recipe file replaced by its flags; flags after the recipe override it."""
     if argv and argv[0].endswith(RECIPE_EXTENSIONS):
-        return [*recipe_flags(argv[0], parser), *argv[1:]]
+        return [*recipe_flags(argv[0]), *argv[1:]]
     return argv
-
-
-def parse_flags(parser: HfArgumentParser, argv: list[str]) -> tuple:
-    """`parser.parse_args_into_dataclasses(argv)`, with a bad flag a ValueError of one line: argparse would print
-    the whole usage (hundreds of lines for the Trainer's flags) above the error."""
-
-    def one_line_error(message: str):
-        raise ValueError(f"{message} (see --help)")
-
-    parser.error = one_line_error
-    return parser.parse_args_into_dataclasses(argv)
 
 
 def parse_config_overrides(config_overrides: str | None) -> dict:
@@ -92,9 +68,7 @@ def parse_config_overrides(config_overrides: str | None) -> dict:
     for item in filter(None, (config_overrides or "").split(",")):
         name, separator, value = item.partition("=")
         if not separator or not hasattr(VanillaTransformerConfig(), name.strip()):
-            raise ParameterError(
-                f"config_overrides: {item!r} is not NAME=VALUE with a config attribute NAME", "config_overrides"
-            )
+            raise ValueError(f"config_overrides: {item!r} is not NAME=VALUE with a config attribute NAME")
         overrides[name.strip()] = scalar(value)
     return overrides
 
@@ -107,14 +81,3 @@ def scalar(text: str):
         except ValueError:
             return value
     return value
-
-
-def command_line_error(error: Exception, flags: Mapping[str, str] | Collection[str]) -> str:
-    """The error's message, with each parameter a `ParameterError` names written as its flag: `flags` maps parameter
-    names to flag names, or lists the parameters whose flags have the same name."""
-    flags = flags if isinstance(flags, Mapping) else {name: name for name in flags}
-    message = str(error)
-    for parameter in getattr(error, "parameters", ()):
-        if parameter in flags:
-            message = re.sub(rf"(?<![\w-]){re.escape(parameter)}(?!\w)", f"--{flags[parameter]}", message)
-    return message

@@ -8,10 +8,9 @@ trains on Multi30k on a laptop CPU.
 
 import copy
 import math
-from typing import Literal, get_args, get_origin
+from typing import Literal
 
 from huggingface_hub.dataclasses import strict
-from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
@@ -59,27 +58,6 @@ PRESETS = {
 }
 
 
-def field_errors_as_value_errors(cls):
-    """Make the type checks of `@strict` raise, like our own checks, a ValueError naming the field and its allowed
-    values (huggingface_hub's StrictDataclassFieldValidationError is not a ValueError)."""
-    strict_setattr = cls.__setattr__
-
-    def __setattr__(self, name, value):
-        try:
-            strict_setattr(self, name, value)
-        except StrictDataclassFieldValidationError as error:
-            annotation = cls.__dataclass_fields__[name].type
-            if get_origin(annotation) is Literal:
-                problem = f"must be one of {', '.join(map(repr, get_args(annotation)))}"
-            else:
-                problem = f"has the wrong type ({error.__cause__})"
-            raise ValueError(f"{cls.__name__}.{name}={value!r} is invalid: it {problem}") from None
-
-    cls.__setattr__ = __setattr__
-    return cls
-
-
-@field_errors_as_value_errors
 @strict
 class VanillaTransformerConfig(PretrainedConfig):
     r"""

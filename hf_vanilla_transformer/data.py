@@ -10,12 +10,10 @@ import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
-from .errors import ParameterError
-
 TRANSLATION_FILE_EXTENSIONS = (".json", ".jsonl")
 
 
-class TranslationDataError(ParameterError):
+class TranslationDataError(ValueError):
     """Input data that cannot be used; the message says where and why."""
 
 
@@ -70,7 +68,7 @@ def read_dataset(
     try:
         dataset = datasets.load_dataset(dataset_name, dataset_config_name, split=split)
     except (FileNotFoundError, ValueError, ConnectionError) as error:
-        raise TranslationDataError(f"dataset_name {dataset_name}: cannot load it ({error})", "dataset_name") from None
+        raise TranslationDataError(f"dataset_name {dataset_name}: cannot load it ({error})") from None
     for index, row in enumerate(dataset):
         yield translation_pair(row, f"{dataset_name}[{split}] row {index}", source_lang, target_lang)
 

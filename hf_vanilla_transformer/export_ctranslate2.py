@@ -24,8 +24,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from .cli import command_line_error
-from .errors import ParameterError
 from .files import atomic_output_dir
 from .loading import ModelFolderError, load_model_and_tokenizer
 
@@ -33,8 +31,6 @@ QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "
 # what our folder carries besides the weights that the export keeps (the weights become model.bin)
 CARRIED_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 CTRANSLATE2_WEIGHTS = "model.bin"
-# the parameters of the functions below that the command line sets with a flag of another name
-FLAGS = {"model_path": "model", "output_dir": "output_dir", "overwrite_output_dir": "overwrite_output_dir"}
 
 
 def is_ctranslate2_folder(path: str) -> bool:
@@ -44,7 +40,7 @@ def is_ctranslate2_folder(path: str) -> bool:
 def export(model_path: str, output_dir: str, quantization: str = "float32", overwrite_output_dir: bool = False) -> str:
     """Write `model_path` (one of our model folders) as a CTranslate2 model folder at `output_dir`."""
     if quantization not in QUANTIZATIONS:
-        raise ParameterError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}", "quantization")
+        raise ValueError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     model, tokenizer = load_model_and_tokenizer(model_path, "cpu")
     if model.config.model_type != "vanilla_transformer":
         raise ModelFolderError(
@@ -192,7 +188,7 @@ def check_expressible(config, activations: dict) -> None:
     ]  # fmt: skip
     for name, failed, why in problems:
         if failed:
-            raise ParameterError(
+            raise ValueError(
                 f"{os.path.join(config.name_or_path, 'config.json')}: {name}={getattr(config, name)!r} {why}; "
                 "CTranslate2 cannot run this variant"
             )
@@ -208,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         export(args.model, args.output_dir, args.quantization, args.overwrite_output_dir)
     except (OSError, ValueError, ImportError) as error:
-        sys.exit(f"{parser.prog}: error: {command_line_error(error, FLAGS)}")
+        sys.exit(f"{parser.prog}: error: {error}")
     print(f"Wrote a CTranslate2 model ({args.quantization}) to {args.output_dir}")
 
 

@@ -3,36 +3,39 @@
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-
-from .errors import ParameterError
 
 
 def check_output_dir(output_dir: str, overwrite_output_dir: bool) -> None:
     """Refuse to replace a non-empty folder unless asked to, before any work is done."""
     if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite_output_dir:
-        raise ParameterError(
-            f"output_dir {output_dir} exists and is not empty; add overwrite_output_dir to replace it",
-            "output_dir",
-            "overwrite_output_dir",
-        )
+        raise ValueError(f"output_dir {output_dir} exists and is not empty; add overwrite_output_dir to replace it")
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ParameterError(f"output_dir {output_dir} exists and is not a folder", "output_dir")
+        raise ValueError(f"output_dir {output_dir} exists and is not a folder")
 
 
-def write_text_atomically(path: str, text: str) -> None:
-    """Write `text` to `PATH.partial`, then rename it to `path`: a reader never sees half a file, and an interrupted
-    write (an error, Ctrl-C) removes what it wrote."""
+def replace_atomically(path: str, write: Callable[[str], object]) -> None:
+    """`write(PATH.partial)`, then rename it to `path`: a reader never sees half a file, and an interrupted write
+    (an error, Ctrl-C) removes what it wrote."""
     temporary = f"{path}.partial"
     try:
-        with open(temporary, "w", encoding="utf-8") as file:
-            file.write(text)
+        write(temporary)
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
             os.remove(temporary)
         raise
+
+
+def write_text_atomically(path: str, text: str) -> None:
+    """Write `text` to `path` as UTF-8, all or nothing (`replace_atomically`)."""
+
+    def write(temporary: str) -> None:
+        with open(temporary, "w", encoding="utf-8") as file:
+            file.write(text)
+
+    replace_atomically(path, write)
 
 
 @contextmanager

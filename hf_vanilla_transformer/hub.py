@@ -105,18 +105,17 @@ def render_model_card(
 def training_table(
     args, d_model: int, steps: int, training_pairs: int | None, training_seconds: float | None, data: str
 ) -> dict[str, str]:
-    """The card's "Training" list, from the run's `TranslationTrainingArguments` (or `Seq2SeqTrainingArguments`)."""
+    """The card's "Training" list, from the run's `TranslationTrainingArguments`."""
     schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
-    scale = getattr(args, "learning_rate_scale", None)
+    scale = args.learning_rate_scale
     from_equation_3 = (
-        scale is not None
-        and args.warmup_steps >= 1
+        args.warmup_steps >= 1
         and float(args.warmup_steps).is_integer()
         and math.isclose(args.learning_rate, paper_learning_rate(d_model, args.warmup_steps, scale))
     )
     equation = f" (Equation 3 × {scale:g})" if from_equation_3 else ""
-    max_tokens = getattr(args, "max_tokens_per_batch", None)
-    averaged = getattr(args, "average_last_checkpoints", 1)
+    max_tokens = args.max_tokens_per_batch
+    averaged = args.average_last_checkpoints
     return {
         "data": data,
         "training pairs": "—" if training_pairs is None else training_pairs,

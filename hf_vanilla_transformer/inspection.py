@@ -21,8 +21,6 @@ import torch
 from transformers import LogitsProcessor
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from .errors import ParameterError
-
 # Figure 1's three attentions: weights of shape (layers, heads, queries, keys) under these names
 ATTENTION_KINDS = {
     "encoder_self_attention": "encoder self-attention",
@@ -84,11 +82,11 @@ def encode_sentence(text: str, parameter: str, tokenizer, model, as_target: bool
     """`text` tokenized (as a source, or as a target), refused when empty or longer than the model's positions;
     errors name `parameter`."""
     if not text.strip():
-        raise ParameterError(f"{parameter}: the sentence is empty", parameter)
+        raise ValueError(f"{parameter}: the sentence is empty")
     encoded = tokenizer(text_target=text, return_tensors="pt") if as_target else tokenizer(text, return_tensors="pt")
     length, limit = encoded["input_ids"].shape[1], model.config.max_position_embeddings
     if length > limit:
-        raise ParameterError(f"{parameter}: {length} tokens, more than the model's {limit} positions", parameter)
+        raise ValueError(f"{parameter}: {length} tokens, more than the model's {limit} positions")
     return dict(encoded.to(model.device))
 
 

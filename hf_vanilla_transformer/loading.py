@@ -1,86 +1,60 @@
 """Loading a model folder someone else wrote (a run's output, a download): each way it can be broken ends in one error
-that names the file and what is wrong, before memory is spent on it.
+that names the file or folder and what is wrong, before memory is spent on it and without running the folder's code.
 
-`AutoModelForSeq2SeqLM.from_pretrained` alone is not enough for a command that takes a folder from a user. What it
-does with a broken folder (transformers 5.24):
-- a config.json asking for a huge model (d_model=10**12, 10**9 layers) is built as asked, until memory runs out;
-- a truncated model.safetensors raises safetensors' own `SafetensorError`, a tensor of the wrong shape a
-  RuntimeError after a table printed to the log, a truncated tokenizer.json a JSONDecodeError that names no file;
-- a missing tensor is filled with random values and NaN or Inf weights load silently, with a warning at most;
-  the model then translates garbage;
-- a config.json of an unknown model type asks on standard input whether to run the folder's code.
-So the functions here check what transformers does not, turn what it raises into `ModelFolderError`, and never run
-a folder's code (`trust_remote_code=False`: our package registers our model with the auto classes).
+`AutoModelForSeq2SeqLM.from_pretrained` checks most of it; the few checks it lacks are added here, and what it
+raises becomes a `ModelFolderError`. docs/loading.md lists which checks are ours and which are transformers'.
 """
 
 import json
 import math
 import os
 
-from .errors import ParameterError
+from huggingface_hub.errors import StrictDataclassError
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
-class ModelFolderError(ParameterError):
+class ModelFolderError(ValueError):
     """A model or tokenizer folder that cannot be used; the message names the file and the problem."""
 
 
 def load_model_and_tokenizer(model_path: str, device: str | None = None, dtype=None):
     """The folder's model (on `device`; default: cuda if available; in `dtype`, default: as saved) and tokenizer."""
-    return load_model(model_path, device, dtype=dtype), load_tokenizer(model_path, "model_path")
+    return load_model(model_path, device, dtype=dtype), load_tokenizer(model_path)
 
 
-def load_model(model_path: str, device: str | None = None, parameter: str = "model_path", dtype=None):
+def load_model(model_path: str, device: str | None = None, dtype=None):
     """The folder's sequence-to-sequence model, checked: its config fits its weights and this machine's memory,
-    every weight is in model.safetensors with the right shape, and all are finite. `parameter` is the name errors
-    give the folder; `dtype` (a torch dtype or its name) is `from_pretrained`'s (default: as saved)."""
+    model.safetensors holds exactly the model's weights, and all are finite. `dtype` (a torch dtype or its name)
+    is `from_pretrained`'s (default: as saved). What is checked here and what is left to transformers:
+    docs/loading.md."""
     import torch
-    import transformers
-    from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForSeq2SeqLM
-
-    import hf_vanilla_transformer  # noqa: F401  (registers our model with the auto classes)
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     config_file = os.path.join(model_path, CONFIG_NAME)
     if not os.path.isfile(config_file):
-        raise ModelFolderError(f"{parameter} {model_path}: not a model folder (no {CONFIG_NAME})", parameter)
-    model_type = read_json_object(config_file).get("model_type")
-    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
-        unknown = f"model_type {model_type!r}, which transformers does not know" if model_type else "no model_type"
-        raise ModelFolderError(f"{config_file}: {unknown}")
-    try:
+        raise ModelFolderError(f"{model_path}: not a model folder (no {CONFIG_NAME})")
+    read_json_object(config_file)
+    try:  # trust_remote_code=False: a model type transformers does not know is refused, not prompted for
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
+    except StrictDataclassError as error:  # a field of the wrong type or value: its message takes two lines
+        raise ModelFolderError(f"{config_file}: {' '.join(str(error).split())}") from None
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise ModelFolderError(f"{config_file}: {first_line(error)}") from None
-    if type(config) not in AutoModelForSeq2SeqLM._model_mapping:
-        raise ModelFolderError(f"{config_file}: model_type {model_type!r} is not a sequence-to-sequence model")
     check_config_fits(config, model_path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # the load report's table: what it says is raised below in one line
     try:
         model, report = AutoModelForSeq2SeqLM.from_pretrained(
-            model_path,
-            config=config,
-            trust_remote_code=False,
-            ignore_mismatched_sizes=True,
-            output_loading_info=True,
-            dtype=dtype,
+            model_path, config=config, trust_remote_code=False, output_loading_info=True, dtype=dtype
         )
     except Exception as error:  # safetensors' SafetensorError derives from Exception alone
-        raise ModelFolderError(f"{os.path.join(model_path, WEIGHTS_NAME)}: {first_line(error)}") from None
-    finally:
-        transformers.logging.set_verbosity(verbosity)
+        raise ModelFolderError(f"{model_path}: {first_line(error)}") from None
     weights_file = os.path.join(model_path, WEIGHTS_NAME)
-    if report["mismatched_keys"]:
-        name, found, expected = min(report["mismatched_keys"])
-        raise ModelFolderError(
-            f"{weights_file}: {name} has shape {list(found)}, but {CONFIG_NAME} makes it {list(expected)}"
-        )
-    if report["missing_keys"]:
-        missing = sorted(report["missing_keys"])
-        raise ModelFolderError(f"{weights_file}: {len(missing)} weights missing, the first {missing[0]}")
+    for kind in ("missing", "unexpected"):  # transformers fills in missing weights at random and drops extra ones
+        if report[f"{kind}_keys"]:
+            names = sorted(report[f"{kind}_keys"])
+            raise ModelFolderError(f"{weights_file}: {len(names)} weights {kind}, the first {names[0]}")
     for name, tensor in model.named_parameters():  # each tied matrix once
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
             raise ModelFolderError(f"{weights_file}: {name} holds NaN or infinite values")
@@ -137,13 +111,12 @@ def stored_weight_count(weights_file: str) -> int | None:
         raise ModelFolderError(f"{weights_file}: not a readable safetensors file ({first_line(error)})") from None
 
 
-def load_tokenizer(path: str, parameter: str = "tokenizer_name"):
-    """The folder's tokenizer; a folder without a usable one is an error naming the file. `parameter` is the name
-    errors give the folder."""
+def load_tokenizer(path: str):
+    """The folder's tokenizer; a folder without a usable one is an error naming the file or folder."""
     from transformers import AutoTokenizer
 
     if not os.path.isdir(path):
-        raise ModelFolderError(f"{parameter} {path}: no such folder", parameter)
+        raise ModelFolderError(f"{path}: no such folder")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if os.path.isfile(os.path.join(path, name)):
             read_json_object(os.path.join(path, name))
@@ -155,7 +128,7 @@ def load_tokenizer(path: str, parameter: str = "tokenizer_name"):
             if os.path.isfile(os.path.join(path, "tokenizer.json"))
             else "no tokenizer.json, and transformers could build none from the other files"
         )
-        raise ModelFolderError(f"{parameter} {path}: no usable tokenizer ({why})", parameter) from None
+        raise ModelFolderError(f"{path}: no usable tokenizer ({why})") from None
 
 
 def read_json_object(file: str) -> dict:

@@ -25,8 +25,6 @@ import evaluate
 import numpy as np
 import sacrebleu
 
-from .errors import ParameterError
-
 _CITATION = """\
 @inproceedings{post-2018-call,
     title = "A Call for Clarity in Reporting {BLEU} Scores",
@@ -62,10 +60,9 @@ def bleu_tokenization(target_language: str | None = None, bleu_tokenize: str | N
     """sacreBLEU's tokenization for BLEU on text in `target_language`, or `bleu_tokenize` when given."""
     if bleu_tokenize is not None:
         if bleu_tokenize not in sacrebleu.metrics.BLEU.TOKENIZERS:
-            raise ParameterError(
+            raise ValueError(
                 f"bleu_tokenize {bleu_tokenize!r} is not a sacreBLEU tokenization; "
-                f"choose one of {', '.join(sorted(sacrebleu.metrics.BLEU.TOKENIZERS))}",
-                "bleu_tokenize",
+                f"choose one of {', '.join(sorted(sacrebleu.metrics.BLEU.TOKENIZERS))}"
             )
         return bleu_tokenize
     language = re.split(r"[-_]", target_language or "")[0].lower()

@@ -687,18 +687,18 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         """`GenerationMixin.generate`, with Section 6.1's length limit for every sentence.
 
         Each sentence may produce at most its source length (its non-padding tokens) + `max_new_tokens_over_source`
-        tokens, `</s>` included: 50 in the paper's generation config; `None` switches the rule off. It holds
-        together with `max_length` / `max_new_tokens` (the call's, the `generation_config`'s or the model's): a
-        sentence ends at whichever limit comes first. The model's own `max_length` is `max_position_embeddings`,
-        so that the `Seq2SeqTrainer`, which fills every unset generation setting with transformers' defaults
-        (`max_length=20`) during evaluation, changes nothing.
+        tokens, `</s>` included: 50 in the paper's generation config; `None`, or no such setting, switches the rule
+        off. It holds together with `max_length` / `max_new_tokens` (the call's, the `generation_config`'s or the
+        model's): a sentence ends at whichever limit comes first. The model's own `max_length` is
+        `max_position_embeddings`, so that the `Seq2SeqTrainer`, which fills every unset generation setting with
+        transformers' defaults (`max_length=20`) during evaluation, changes nothing.
         """
         configs = [config for config in (generation_config, self.generation_config) if config is not None]
         margin = kwargs.pop(
             SOURCE_LENGTH_LIMIT,
             next(
                 (getattr(config, SOURCE_LENGTH_LIMIT) for config in configs if hasattr(config, SOURCE_LENGTH_LIMIT)),
-                MAX_OUTPUT_LENGTH_OVER_INPUT,  # folders saved before the generation config held the margin
+                None,
             ),
         )
         if margin is None:

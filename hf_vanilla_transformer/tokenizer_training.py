@@ -22,8 +22,6 @@ from typing import Literal
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from .errors import ParameterError
-
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 SPECIAL_TOKENS = [BOS, PAD, EOS, UNK]  # ids 0, 1, 2, 3
 BYTE_ALPHABET_SIZE = len(pre_tokenizers.ByteLevel.alphabet())
@@ -50,17 +48,14 @@ def train_shared_bpe(
     letters and punctuation become their plain forms; NFC: text stays as written).
     """
     if vocab_size < MIN_VOCAB_SIZE:
-        raise ParameterError(
+        raise ValueError(
             f"vocab_size {vocab_size} is below the minimum {MIN_VOCAB_SIZE}: "
-            f"the {BYTE_ALPHABET_SIZE}-byte alphabet plus {len(SPECIAL_TOKENS)} special tokens",
-            "vocab_size",
+            f"the {BYTE_ALPHABET_SIZE}-byte alphabet plus {len(SPECIAL_TOKENS)} special tokens"
         )
     if normalization not in NORMALIZERS:
-        raise ParameterError(
-            f"normalization {normalization!r} must be one of {', '.join(NORMALIZERS)}", "normalization"
-        )
+        raise ValueError(f"normalization {normalization!r} must be one of {', '.join(NORMALIZERS)}")
     if min_frequency < 1:
-        raise ParameterError(f"min_frequency {min_frequency} must be at least 1", "min_frequency")
+        raise ValueError(f"min_frequency {min_frequency} must be at least 1")
 
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = NORMALIZERS[normalization]()

@@ -45,8 +45,6 @@ from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_pt_utils import LengthGroupedSampler
 from transformers.trainer_utils import SchedulerType, TrainOutput
 
-from .errors import ParameterError
-
 logger = logging.getLogger(__name__)
 
 
@@ -227,9 +225,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
     """The peak of Equation 3, scale * d_model^-0.5 * warmup^-0.5, reached at step `warmup_steps`."""
     if warmup_steps < 1 or warmup_steps != int(warmup_steps):
-        raise ParameterError(
-            f"warmup_steps {warmup_steps} must be a whole number of steps, at least 1, for Equation 3", "warmup_steps"
-        )
+        raise ValueError(f"warmup_steps {warmup_steps} must be a whole number of steps, at least 1, for Equation 3")
     return scale * d_model**-0.5 * int(warmup_steps) ** -0.5
 
 

@@ -19,16 +19,12 @@ import sys
 
 from tqdm.auto import tqdm
 
-from hf_vanilla_transformer.cli import command_line_error
 from hf_vanilla_transformer.data import decoded_lines, numbered_lines
 from hf_vanilla_transformer.files import write_text_atomically
 from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer
 from hf_vanilla_transformer.precision import translation_dtype
 
 logger = logging.getLogger("vanilla-translate")
-
-# the parameters of the functions below that the command line sets with a flag of another name
-FLAGS = {"model_path": "model"}
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\nvanilla-translate: interrupted; nothing was written", file=sys.stderr)
         sys.exit(interruption.exit_code)
     except (OSError, ValueError) as error:
-        sys.exit(f"vanilla-translate: error: {command_line_error(error, FLAGS)}")
+        sys.exit(f"vanilla-translate: error: {error}")
 
 
 def translate_file(args: argparse.Namespace) -> None:
@@ -140,7 +136,7 @@ class CTranslate2Translator:
         import ctranslate2
         from transformers import GenerationConfig
 
-        self.tokenizer = load_tokenizer(model_path, "model_path")
+        self.tokenizer = load_tokenizer(model_path)
         generation = GenerationConfig.from_pretrained(model_path)
         self.max_positions = generation.max_length
         self.num_beams = generation.num_beams or 1

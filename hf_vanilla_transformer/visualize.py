@@ -28,9 +28,7 @@ import warnings
 
 import numpy as np
 
-from .cli import command_line_error
-from .errors import ParameterError
-from .files import atomic_output_dir, write_text_atomically
+from .files import atomic_output_dir, replace_atomically, write_text_atomically
 from .inspection import (
     ATTENTION_KINDS,
     AttentionMaps,
@@ -45,7 +43,6 @@ CJK_FONTS = ("WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Noto Sans CJK SC", "No
 COLOR_MAP = "viridis"  # 0 dark purple, 1 yellow: readable in grey too
 PAGE_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_page.html")
 logger = logging.getLogger(__name__)
-FLAGS = {"model_path": "model", "source": "source", "target": "target", "layer": "layer", "head": "head"}
 
 
 @functools.cache
@@ -97,10 +94,8 @@ def attention_figure(weights, row_labels: list[str], column_labels: list[str], t
 
 
 def save_figure(figure, path: str) -> str:
-    """Write `figure` as a PNG at `path`, through a temporary file: a reader never sees half a picture."""
-    temporary = f"{path}.partial"
-    figure.savefig(temporary, format="png")
-    os.replace(temporary, path)
+    """Write `figure` as a PNG at `path`, all or nothing: a reader never sees half a picture."""
+    replace_atomically(path, lambda temporary: figure.savefig(temporary, format="png"))
     return path
 
 
@@ -117,7 +112,7 @@ def write_card_picture(model, tokenizer, source: str, output_dir: str) -> str | 
         warnings.filterwarnings("ignore", message="attention weights need the eager attention path")
         try:
             maps = attention_maps(model.eval(), tokenizer, source)
-        except ParameterError as error:  # a picture is not worth failing a finished training run for
+        except ValueError as error:  # a picture is not worth failing a finished training run for
             logger.warning("no attention picture for the card: %s", error)
             return None
     return save_figure(cross_attention_figure(maps), os.path.join(output_dir, CARD_PICTURE))
@@ -135,9 +130,9 @@ def check_selection(maps: AttentionMaps, layer: int | None, head: int | None) ->
     layers = min(weights.shape[0] for weights in maps.weights.values())
     heads = min(weights.shape[1] for weights in maps.weights.values())
     if layer is not None and not 1 <= layer <= layers:
-        raise ParameterError(f"layer {layer}: the model has layers 1 to {layers}", "layer")
+        raise ValueError(f"layer {layer}: the model has layers 1 to {layers}")
     if head is not None and not 1 <= head <= heads:
-        raise ParameterError(f"head {head}: the model has heads 1 to {heads}", "head")
+        raise ValueError(f"head {head}: the model has heads 1 to {heads}")
 
 
 def write_attention_pictures(
@@ -263,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
             paths = write_attention_pictures(maps, staging, args.layer, args.head)
             write_text_atomically(os.path.join(staging, "attention.html"), attention_page(maps, step_tables))
     except (OSError, ValueError) as error:
-        sys.exit(f"vanilla-attention: error: {command_line_error(error, FLAGS)}")
+        sys.exit(f"vanilla-attention: error: {error}")
     print(f"{'target' if maps.teacher_forced else 'translation'}: {maps.translation}")
     for title, steps in step_tables.items():
         print(format_steps(title, steps))

@@ -1,19 +1,10 @@
-"""hf_vanilla_transformer.cli and errors: recipe files, --config_overrides, and library errors told as flags."""
+"""hf_vanilla_transformer.cli: recipe files and --config_overrides."""
 
 from dataclasses import dataclass, field
 
 import pytest
-from transformers import HfArgumentParser
 
-from hf_vanilla_transformer.cli import (
-    command_line_error,
-    expand_recipe,
-    parse_config_overrides,
-    parse_flags,
-    recipe_flags,
-)
-from hf_vanilla_transformer.errors import ParameterError
-from hf_vanilla_transformer.files import check_output_dir
+from hf_vanilla_transformer.cli import FlagParser, expand_recipe, parse_config_overrides, recipe_flags
 
 
 @dataclass
@@ -31,8 +22,8 @@ class RecipeArguments:
     normalization: str = field(default="NFKC", metadata={"choices": ["NFKC", "NFC"]})
 
 
-def parser() -> HfArgumentParser:
-    return HfArgumentParser(RecipeArguments)
+def parser() -> FlagParser:
+    return FlagParser(RecipeArguments)
 
 
 RECIPE_FLAGS = [
@@ -58,7 +49,7 @@ RECIPE_FLAGS = [
 )
 def test_recipe_flags_lowercase_booleans_and_expand_lists(tmp_path, name, text):
     (tmp_path / name).write_text(text, encoding="utf-8")
-    assert recipe_flags(str(tmp_path / name), parser()) == RECIPE_FLAGS
+    assert recipe_flags(str(tmp_path / name)) == RECIPE_FLAGS
 
 
 @pytest.mark.parametrize(
@@ -75,37 +66,52 @@ def test_recipe_errors_name_the_file(tmp_path, name, text, message):
     if text is not None:
         (tmp_path / name).write_text(text, encoding="utf-8")
     with pytest.raises(ValueError, match=message):
-        recipe_flags(str(tmp_path / name), parser())
+        recipe_flags(str(tmp_path / name))
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("colour: red\n", "'colour' is not a flag of this command"),
-        ("1: 2\n", "1 is not a flag of this command"),
-        ("max_steps: [1, 2]\n", "max_steps: takes one value, not a list of 2"),
-        ("max_steps: {a: 1}\n", "max_steps: {'a': 1} is not a value (a number, a string or true/false)"),
-        ("train_file: [a, [b]]\n", "train_file: ['b'] is not a value (a number, a string or true/false)"),
-        ("max_steps: 1.5\n", "max_steps: 1.5 is not a valid integer"),
-        ("learning_rate_scale: fast\n", "learning_rate_scale: 'fast' is not a valid number"),
-        ("do_train: maybe\n", "do_train: 'maybe' is not a valid true/false"),
-        ("normalization: NFD\n", "normalization: 'NFD' is not one of NFKC, NFC"),
-        ("max_steps: !!python/object/apply:os.system [ls]\n", "not a valid recipe (could not determine a constructor"),
-        ("a: &x [1, 2]\nb: [*x, *x]\n", "'a' is not a flag of this command"),
+        ("1: 2\n", "{recipe}: 1 is not a flag name"),
+        ("max steps: 2\n", "{recipe}: 'max steps' is not a flag name"),
+        ("max_steps: {a: 1}\n", "{recipe}: max_steps: {{'a': 1}} is not a value (a number, a string or true/false)"),
+        ("train_file: [a, [b]]\n", "{recipe}: train_file: ['b'] is not a value (a number, a string or true/false)"),
+        ("max_steps: !!python/object/apply:os.system [ls]\n", "{recipe}: not a valid recipe (could not determine a "),
+        ("a: &x [1, 2]\nb: [*x, *x]\n", "{recipe}: b: [1, 2] is not a value"),
     ],
 )
-def test_each_recipe_value_is_checked_as_its_flag_would_be(tmp_path, text, message):
+def test_a_recipe_that_is_no_list_of_flags_is_refused_naming_it(tmp_path, text, message):
     (tmp_path / "recipe.yaml").write_text(text, encoding="utf-8")
     with pytest.raises(ValueError) as error:
-        recipe_flags(str(tmp_path / "recipe.yaml"), parser())
-    assert str(error.value).startswith(f"{tmp_path / 'recipe.yaml'}: {message}") and "\n" not in str(error.value)
+        recipe_flags(str(tmp_path / "recipe.yaml"))
+    assert str(error.value).startswith(message.format(recipe=tmp_path / "recipe.yaml")) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("colour: red\n", "Some specified arguments are not used by the HfArgumentParser: ['--colour', 'red']"),
+        ("max_steps: [1, 2]\n", "Some specified arguments are not used by the HfArgumentParser: ['2']"),
+        ("max_steps: 1.5\n", "argument --max_steps/--max-steps: invalid int value: '1.5' (see --help)"),
+        ("learning_rate_scale: fast\n", "argument --learning_rate_scale/--learning-rate-scale: invalid float value: "
+         "'fast' (see --help)"),
+        ("do_train: maybe\n", "argument --do_train/--do-train: Truthy value expected: got maybe"),
+        ("normalization: NFD\n", "argument --normalization: invalid choice: 'NFD' (choose from 'NFKC', 'NFC') "
+         "(see --help)"),
+    ],
+)  # fmt: skip
+def test_the_recipes_flags_are_checked_by_argparse_as_typed_ones_are(tmp_path, text, message):
+    (tmp_path / "recipe.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError) as error:
+        parser().parse_args_into_dataclasses(expand_recipe([str(tmp_path / "recipe.yaml"), "--output_dir", "x"]))
+    assert str(error.value).startswith(message) and "\n" not in str(error.value), str(error.value)
 
 
 def test_a_null_value_leaves_the_flag_at_its_default_and_flag_errors_are_one_line(tmp_path):
     (tmp_path / "recipe.yaml").write_text("max_steps:\noutput_dir: x\n", encoding="utf-8")
-    assert recipe_flags(str(tmp_path / "recipe.yaml"), parser()) == ["--output_dir", "x"]
+    assert recipe_flags(str(tmp_path / "recipe.yaml")) == ["--output_dir", "x"]
     with pytest.raises(ValueError) as error:
-        parse_flags(parser(), ["--output_dir", "x", "--max_steps", "many"])
+        parser().parse_args_into_dataclasses(["--output_dir", "x", "--max_steps", "many"])
     assert str(error.value) == "argument --max_steps/--max-steps: invalid int value: 'many' (see --help)"
 
 
@@ -113,12 +119,12 @@ def test_expand_recipe_puts_the_recipes_flags_before_the_others(tmp_path):
     (tmp_path / "recipe.yml").write_text("max_steps: 100\ndo_eval: true\n", encoding="utf-8")
     recipe = str(tmp_path / "recipe.yml")
     from_recipe = ["--max_steps", "100", "--do_eval", "true"]
-    assert expand_recipe([recipe, "--max_steps", "5"], parser()) == [*from_recipe, "--max_steps", "5"]
-    assert expand_recipe([recipe], parser()) == from_recipe
+    assert expand_recipe([recipe, "--max_steps", "5"]) == [*from_recipe, "--max_steps", "5"]
+    assert expand_recipe([recipe]) == from_recipe
     # only a first argument is a recipe; anything else is left as it is
-    assert expand_recipe(["--train_file", "train.json"], parser()) == ["--train_file", "train.json"]
-    assert expand_recipe(["--max_steps", "5", recipe], parser()) == ["--max_steps", "5", recipe]
-    assert expand_recipe([], parser()) == []
+    assert expand_recipe(["--train_file", "train.json"]) == ["--train_file", "train.json"]
+    assert expand_recipe(["--max_steps", "5", recipe]) == ["--max_steps", "5", recipe]
+    assert expand_recipe([]) == []
 
 
 def test_parse_config_overrides_reads_yaml_scalars():
@@ -134,47 +140,7 @@ def test_parse_config_overrides_reads_yaml_scalars():
 
 
 @pytest.mark.parametrize("item", ["colour=3", "d_model", "=3"])
-def test_a_bad_config_override_is_a_parameter_error_naming_config_overrides(item):
-    with pytest.raises(ParameterError) as error:
+def test_a_bad_config_override_is_a_value_error_naming_config_overrides(item):
+    with pytest.raises(ValueError) as error:
         parse_config_overrides(f"d_model=256,{item}")
     assert str(error.value) == f"config_overrides: {item!r} is not NAME=VALUE with a config attribute NAME"
-    assert error.value.parameters == ("config_overrides",) and isinstance(error.value, ValueError)
-
-
-def test_parameter_error_is_a_value_error_that_keeps_its_parameters():
-    error = ParameterError("vocab_size 100 is below 260", "vocab_size")
-    assert isinstance(error, ValueError) and str(error) == "vocab_size 100 is below 260"
-    assert error.parameters == ("vocab_size",) and ParameterError("no parameter").parameters == ()
-
-
-def test_command_line_error_writes_the_named_parameters_as_flags(tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "model.safetensors").write_text("earlier")
-    with pytest.raises(ParameterError) as error:
-        check_output_dir(str(tmp_path / "out"), overwrite_output_dir=False)
-    assert command_line_error(error.value, ["output_dir", "overwrite_output_dir", "vocab_size"]) == (
-        f"--output_dir {tmp_path / 'out'} exists and is not empty; add --overwrite_output_dir to replace it"
-    )
-    # a parameter the command line has no flag for stays as it is
-    assert command_line_error(error.value, {"output_dir"}).endswith("; add overwrite_output_dir to replace it")
-
-
-def test_command_line_error_renames_with_a_mapping_and_leaves_other_words():
-    error = ParameterError("path in.txt: no such file; model_path and path_suffix are not path", "path")
-    assert command_line_error(error, {"path": "input", "model_path": "model"}) == (
-        "--input in.txt: no such file; model_path and path_suffix are not --input"
-    )
-    not_named = ParameterError("vocab_size 100 is below 260 (output_dir unchanged)", "vocab_size")
-    assert command_line_error(not_named, ["vocab_size", "output_dir"]) == (
-        "--vocab_size 100 is below 260 (output_dir unchanged)"
-    )
-    already_a_flag = ParameterError("--max_steps and max_steps_per_epoch: max_steps must be positive", "max_steps")
-    assert command_line_error(already_a_flag, ["max_steps"]) == (
-        "--max_steps and max_steps_per_epoch: --max_steps must be positive"
-    )
-
-
-def test_command_line_error_leaves_a_plain_value_error_unchanged():
-    error = ValueError("output_dir x: vocab_size is too small")
-    assert command_line_error(error, ["output_dir", "vocab_size"]) == "output_dir x: vocab_size is too small"
-    assert command_line_error(OSError("disk full"), {"path": "input"}) == "disk full"

@@ -88,15 +88,6 @@ def test_the_margin_over_the_source_length_can_be_changed_or_switched_off(where)
     assert [len(new_tokens(s)) for s in switched_off] == [70, 70] and EOS not in switched_off[0]
 
 
-def test_a_generation_config_without_lengths_keeps_the_papers_limit():
-    # what folders saved before the generation config held the margin (and no max_length) load as
-    model = tiny_model()
-    model.generation_config = GenerationConfig(num_beams=4, length_penalty=0.6, eos_token_id=EOS, pad_token_id=PAD,
-                                               decoder_start_token_id=BOS)  # fmt: skip
-    sequences = model.generate(SOURCES, attention_mask=MASK, generation_config=GenerationConfig(num_beams=1)).tolist()
-    assert [len(new_tokens(s)) for s in sequences] == [7 + 50, 4 + 50]
-
-
 def test_greedy_equals_argmax_of_teacher_forced_forwards():
     model = tiny_model()
     generated = model.generate(SOURCES, attention_mask=MASK, num_beams=1, max_new_tokens=8)

@@ -95,7 +95,7 @@ GOOD_ROW = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
             [],
             r"blank.jsonl:1: the 'de' sentence is empty",
         ),
-        (lambda d: write_lines(d / "ok.jsonl", [GOOD_ROW]), ["--vocab_size", "100"], r"--vocab_size 100 is below"),
+        (lambda d: write_lines(d / "ok.jsonl", [GOOD_ROW]), ["--vocab_size", "100"], r"error: vocab_size 100 is below"),
     ],
 )
 def test_bad_input_is_one_clear_error_and_leaves_no_folder(tmp_path, make_input, extra_args, message):
@@ -133,4 +133,4 @@ def test_a_late_error_leaves_no_folder_and_an_existing_one_untouched(tmp_path):
     assert [p.name for p in output.iterdir()] == ["keep.txt"]
 
     result = run_cli("--train_file", TRAIN, "--output_dir", str(output))
-    assert result.returncode == 1 and "exists and is not empty; add --overwrite_output_dir" in result.stderr
+    assert result.returncode == 1 and "exists and is not empty; add overwrite_output_dir to replace it" in result.stderr

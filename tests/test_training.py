@@ -22,7 +22,6 @@ from transformers import (
 
 from helpers import BOS, LETTERS, letter_tokenizer, random_token_dataset, tiny_config, tiny_model
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.training import (
     TimeLimitCallback,
     TokenBudgetBatchSampler,
@@ -227,9 +226,8 @@ def test_the_trainer_takes_equation_3s_peak_unless_a_learning_rate_is_given(tmp_
     scaled = trainer(warmup_steps=100, learning_rate_scale=2.0).args.learning_rate
     assert scaled == pytest.approx(2.0 * 32**-0.5 * 100**-0.5)
     assert trainer(learning_rate=1e-3, learning_rate_scale=2.0).args.learning_rate == 1e-3
-    with pytest.raises(ParameterError, match=r"warmup_steps 0.1 must be a whole number of steps") as error:
+    with pytest.raises(ValueError, match=r"warmup_steps 0.1 must be a whole number of steps"):
         trainer(warmup_steps=0.1)
-    assert error.value.parameters == ("warmup_steps",)
 
 
 def test_a_time_limit_stops_training_with_a_checkpoint_and_a_progress_bar_of_the_budget(tmp_path, capfd):

@@ -74,7 +74,7 @@ def test_translate_command_writes_chinese_as_utf8_whatever_the_locale(chinese_ru
 def test_translate_command_errors(trained_run, tmp_path):
     missing_model = vanilla_translate("--model", str(tmp_path / "nothing"), stdin="A dog.\n")
     assert missing_model.returncode == 1
-    message = f"vanilla-translate: error: --model {tmp_path / 'nothing'}: not a model folder (no config.json)"
+    message = f"vanilla-translate: error: {tmp_path / 'nothing'}: not a model folder (no config.json)"
     assert missing_model.stderr.strip() == message
     missing_input = vanilla_translate("--model", str(trained_run.output), "--input", str(tmp_path / "none.txt"))
     assert missing_input.returncode == 1 and "none.txt: no such file" in missing_input.stderr

@@ -10,7 +10,6 @@ import torch
 from matplotlib.image import imread
 
 from helpers import SENTENCES, generate_text, headless_chromium
-from hf_vanilla_transformer.errors import ParameterError
 from hf_vanilla_transformer.inspection import ATTENTION_KINDS, AttentionMaps, attention_maps, decoding_steps
 from hf_vanilla_transformer.visualize import (
     attention_figure,
@@ -94,7 +93,7 @@ def test_one_layer_and_head_can_be_drawn_and_others_are_refused(tmp_path):
     paths = write_attention_pictures(maps, str(tmp_path), layer=2, head=1)
     assert sorted(p.rsplit("/", 1)[1] for p in paths) == sorted(f"{kind}_layer2_head1.png" for kind in ATTENTION_KINDS)
     for layer, head, message in ((3, None, "layer 3: the model has layers 1 to 2"), (None, 0, "head 0: the model")):
-        with pytest.raises(ParameterError, match=message):
+        with pytest.raises(ValueError, match=message):
             write_attention_pictures(maps, str(tmp_path), layer=layer, head=head)
 
 
@@ -227,12 +226,12 @@ def test_the_command_with_a_target_shows_teacher_forcing(trained_run, tmp_path):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        (["--model", "{missing}"], "--model {missing}: not a model folder (no config.json)"),
-        (["--source", ""], "--source: the sentence is empty"),
-        (["--source", "a " * 3000], "--source: 3002 tokens, more than the model's 1024 positions"),
-        (["--layer", "7"], "--layer 7: the model has layers 1 to 2"),
-        (["--head", "9"], "--head 9: the model has heads 1 to 4"),
-        (["--target", " "], "--target: the sentence is empty"),
+        (["--model", "{missing}"], ": error: {missing}: not a model folder (no config.json)"),
+        (["--source", ""], ": error: source: the sentence is empty"),
+        (["--source", "a " * 3000], ": error: source: 3002 tokens, more than the model's 1024 positions"),
+        (["--layer", "7"], ": error: layer 7: the model has layers 1 to 2"),
+        (["--head", "9"], ": error: head 9: the model has heads 1 to 4"),
+        (["--target", " "], ": error: target: the sentence is empty"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_writes_nothing(trained_run, tmp_path, arguments, message):
@@ -251,5 +250,5 @@ def test_the_command_exits_with_status_1_on_bad_input(tmp_path):
     result = vanilla_attention("--model", str(tmp_path), "--source", "A man.", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        f"vanilla-attention: error: --model {tmp_path}: not a model folder (no config.json)"
+        f"vanilla-attention: error: {tmp_path}: not a model folder (no config.json)"
     )
