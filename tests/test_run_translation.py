@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -386,14 +386,12 @@ TWO_PROCESSES = {
 
 @pytest.fixture(scope="module")
 def launched_runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
-    """DISTRIBUTED_RUN as one process accumulating 2 batches a step (eager, and compiled by the Trainer's
-    --torch_compile), and on 2 processes by each launcher, with the writes of every process recorded:
-    {launch: (output folder, {rank: writes})}."""
+    """DISTRIBUTED_RUN as one process accumulating 2 batches a step, and on 2 processes by each launcher, with the
+    writes of every process recorded: {launch: (output folder, {rank: writes})}."""
     runs = {}
     accumulating = ["--gradient_accumulation_steps", "2"]
     launches = {
         "one process": ([], accumulating),
-        "one process, compiled": ([], [*accumulating, "--torch_compile", "true"]),
         **{name: (launcher, []) for name, launcher in TWO_PROCESSES.items()},
     }
     for name, (launcher, extra) in launches.items():
@@ -432,18 +430,6 @@ def test_two_processes_learn_what_one_process_accumulating_two_batches_learns(la
         torch.testing.assert_close(weights[1][key], tensor, rtol=0, atol=1e-6, msg=key)
     # the test sentences, shared out and gathered back in order, one translation each
     assert (two / "generated_predictions.txt").read_text() == (one / "generated_predictions.txt").read_text()
-
-
-def test_torch_compile_trains_and_evaluates_as_eager_does(launched_runs):
-    """The Trainer's --torch_compile (inductor) on our model: the same losses at each of 20 steps, the same weights
-    and the same test translations, within float32 rounding (measured: 5e-7 in the losses, 4e-6 in the weights)."""
-    eager, _ = launched_runs["one process"]
-    compiled, _ = launched_runs["one process, compiled"]
-    assert logged(compiled, "loss") == pytest.approx(logged(eager, "loss"), rel=0, abs=1e-5)
-    weights = load_file(eager / "model.safetensors"), load_file(compiled / "model.safetensors")
-    for key, tensor in weights[0].items():
-        torch.testing.assert_close(weights[1][key], tensor, rtol=0, atol=1e-4, msg=key)
-    assert (compiled / "generated_predictions.txt").read_text() == (eager / "generated_predictions.txt").read_text()
 
 
 @pytest.mark.parametrize("launch", TWO_PROCESSES)
@@ -582,13 +568,14 @@ def competing_cpu_load(processes: int = 2):
 
 
 # 3 runs x 5 kills, the last with the CPU loaded by two other processes (kills then land at other moments)
-@pytest.mark.parametrize("seed, loaded", [(0, False), (3, True)])
-def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_run, tmp_path, seed, loaded):
+def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_run, tmp_path):
+    """Killed 5 times, beside two CPU-bound processes, which move where the kills land (a run under load is what
+    found transformers' rotation by modification time; the deletion kill below pins it)."""
     import random
 
     killed = tmp_path / "killed"
-    rng = random.Random(seed)
-    with competing_cpu_load() if loaded else nullcontext():
+    rng = random.Random(3)
+    with competing_cpu_load():
         phases = ("step", "checkpoint", "step", "checkpoint", "averaging")
         outcomes = [kill_when(killed, phase, rng) for phase in phases]
     assert outcomes == ["killed"] * 5
