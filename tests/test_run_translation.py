@@ -567,18 +567,18 @@ def competing_cpu_load(processes: int = 2):
             hog.wait()
 
 
-# 3 runs x 5 kills, the last with the CPU loaded by two other processes (kills then land at other moments)
 def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_run, tmp_path):
-    """Killed 5 times, beside two CPU-bound processes, which move where the kills land (a run under load is what
-    found transformers' rotation by modification time; the deletion kill below pins it)."""
+    """Killed 3 times (at a step, while writing a checkpoint, while averaging) beside two CPU-bound processes, which
+    move where the kills land (a run under load is what found transformers' rotation by modification time; the
+    deletion kill below pins it)."""
     import random
 
     killed = tmp_path / "killed"
     rng = random.Random(3)
     with competing_cpu_load():
-        phases = ("step", "checkpoint", "step", "checkpoint", "averaging")
+        phases = ("step", "checkpoint", "averaging")
         outcomes = [kill_when(killed, phase, rng) for phase in phases]
-    assert outcomes == ["killed"] * 5
+    assert outcomes == ["killed"] * 3
     restart = subprocess.run([sys.executable, *KILLED_RUN, "--output_dir", str(killed), "--resume_from_checkpoint"],
                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=KILL_TIMEOUT)  # fmt: skip
     assert restart.returncode == 0, restart.stderr[-2000:]
