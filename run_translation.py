@@ -33,7 +33,7 @@ from hf_vanilla_transformer.cli import FlagParser, expand_recipe, parse_config_o
 from hf_vanilla_transformer.data import load_translation_split
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
 from hf_vanilla_transformer.hub import push_model_folder, render_model_card, training_table
-from hf_vanilla_transformer.loading import load_model, load_tokenizer
+from hf_vanilla_transformer.loading import load_model, load_tokenizer, one_line
 from hf_vanilla_transformer.metrics import (
     bleu_and_chrf_against,
     bleu_tokenization,
@@ -182,8 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         run = prepare(*parse_arguments(sys.argv[1:] if argv is None else argv))
     except (ValueError, OSError, ImportError, StrictDataclassError) as error:
-        # on one line: a StrictDataclassError (a config field of the wrong type or value) takes two
-        sys.exit(f"{PROGRAM}: error: {' '.join(line.strip() for line in str(error).splitlines())}")
+        sys.exit(f"{PROGRAM}: error: {one_line(error)}")  # a StrictDataclassError (a config field) takes two lines
     return train_and_evaluate(run)
 
 

@@ -8,6 +8,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .loading import one_line
 
 RECIPE_EXTENSIONS = (".yaml", ".yml", ".json")
 FLAG_NAME = re.compile(r"[A-Za-z][\w-]*")
@@ -31,8 +32,7 @@ def recipe_flags(recipe_file: str) -> list[str]:
     except OSError as error:
         raise ValueError(f"{recipe_file}: cannot read the recipe ({error.strerror})") from None
     except (ValueError, RecursionError, yaml.YAMLError) as error:  # JSON and UTF-8 errors are ValueErrors
-        reason = " ".join(str(error).split())  # YAML's messages run over several lines
-        raise ValueError(f"{recipe_file}: not a valid recipe ({reason})") from None
+        raise ValueError(f"{recipe_file}: not a valid recipe ({one_line(error)})") from None
     if not isinstance(recipe, dict):
         raise ValueError(f"{recipe_file}: a recipe is a mapping of flag names to values")
     flags = []

@@ -39,11 +39,11 @@ def load_model(model_path: str, device: str | None = None, dtype=None):
     try:  # trust_remote_code=False: a model type transformers does not know is refused, not prompted for
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
     except StrictDataclassError as error:  # a field of the wrong type or value: its message takes two lines
-        raise ModelFolderError(f"{config_file}: {' '.join(str(error).split())}") from None
+        raise ModelFolderError(f"{config_file}: {one_line(error)}") from None
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise ModelFolderError(f"{config_file}: {first_line(error)}") from None
     check_config_fits(config, model_path)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = default_device(device)
     try:
         model, report = AutoModelForSeq2SeqLM.from_pretrained(
             model_path, config=config, trust_remote_code=False, output_loading_info=True, dtype=dtype
@@ -141,6 +141,18 @@ def read_json_object(file: str) -> dict:
     if not isinstance(value, dict):
         raise ModelFolderError(f"{file}: holds a JSON {type(value).__name__}, not an object")
     return value
+
+
+def one_line(error: BaseException) -> str:
+    """The error's whole message on one line (YAML's and huggingface_hub's messages run over several)."""
+    return " ".join(str(error).split())
+
+
+def default_device(device: str | None) -> str:
+    """`device`, or where none is given, cuda if available, else cpu."""
+    import torch
+
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def first_line(error: BaseException) -> str:

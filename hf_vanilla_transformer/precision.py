@@ -7,6 +7,8 @@ to float32 for the arithmetic, which costs more than float32 alone.
 
 import torch
 
+from .loading import default_device
+
 
 def cpu_has_bf16_units() -> bool:
     capabilities = torch.cpu.get_capabilities()
@@ -19,5 +21,5 @@ def translation_dtype(name: str, device: str | None) -> torch.dtype:
     "bfloat16 on a CPU with bf16 units"), and float32 elsewhere (not measured faster at equal BLEU)."""
     if name != "auto":
         return getattr(torch, name)
-    on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+    on_cpu = default_device(device).startswith("cpu")
     return torch.bfloat16 if on_cpu and cpu_has_bf16_units() else torch.float32
