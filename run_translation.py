@@ -330,13 +330,10 @@ def train_and_evaluate(run: Run) -> dict:
 
     if args.do_train:
         train_result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-        if args.average_last_checkpoints > 1:
-            trainer.average_checkpoints_into_model()
-        trainer.save_model()
+        trainer.save_final_model()
         metrics = {**train_result.metrics, "train_samples": len(run.tokenized["train"])}
         trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)
-        trainer.save_state()
         results.update(metrics)
 
     trainer.compute_metrics = None  # scored below, each split against its own references

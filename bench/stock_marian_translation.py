@@ -9,8 +9,8 @@ scaled and tied embeddings, dropout 0.1; Seq2SeqTrainer with batches of 128 sent
 (0.9, 0.98, 1e-9), no weight decay, the stock gradient clipping (1.0), the `inverse_sqrt` schedule with peak 1e-3
 after 400 warmup steps, label smoothing 0.1; training stops after `--minutes`; beam 4 (no length penalty) with room
 for 256 tokens. Scored with this project's metric: sacreBLEU tokenized for the target language, and chrF.
-Writes bench/results/stock_marian_<data>.json; the model, its tokenizer and the test translations go to
---output_dir.
+Writes bench/results/stock_marian_<data>.json; the model, its tokenizer, the test translations and the trainer
+state (with `--eval_steps`, validation BLEU during training: bench/plot_validation_curve.py) go to --output_dir.
 """
 
 import argparse
@@ -67,6 +67,20 @@ def marian(tokenizer) -> MarianMTModel:
     return marian_like(config, forced_eos_token_id=tokenizer.eos_token_id)
 
 
+def validation_bleu(validation: Dataset, references: list[str], tokenizer, metric, target_lang: str):
+    """`compute_metrics` for evaluation during training, which transformers 5.24 runs in length-grouped order
+    (see below): each prediction is put back in line with its raw reference through its labels."""
+    by_labels = {tuple(labels): reference for labels, reference in zip(validation["labels"], references, strict=True)}
+
+    def compute_metrics(prediction) -> dict:
+        labels = [tuple(int(i) for i in row if i != -100) for row in prediction.label_ids]
+        in_order = [by_labels[row] for row in labels]
+        _, scores = score_generated(prediction.predictions, tokenizer, in_order, metric, target_language=target_lang)
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    return compute_metrics
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="tatoeba-en-zh", help="a folder of ../shared/data")
@@ -75,6 +89,7 @@ def main():
     parser.add_argument("--minutes", type=float, default=24)
     parser.add_argument("--output_dir", default=None, help="default: runs/stock-marian-<data>")
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of each split (a dry run)")
+    parser.add_argument("--eval_steps", type=int, default=None, help="validation BLEU every N steps of training")
     args = parser.parse_args()
     output_dir = args.output_dir or os.path.join(REPO_ROOT, "runs", f"stock-marian-{args.data}")
     set_seed(1)
@@ -107,6 +122,8 @@ def main():
         label_smoothing_factor=0.1,
         max_steps=100_000,
         save_strategy="no",
+        eval_strategy="no" if args.eval_steps is None else "steps",
+        eval_steps=args.eval_steps,
         logging_steps=50,
         per_device_eval_batch_size=64,
         predict_with_generate=True,
@@ -116,21 +133,26 @@ def main():
         use_cpu=True,
         seed=1,
     )
+    validation = encoded(splits["validation"])
+    metric = load_translation_metric()
     trainer = Seq2SeqTrainer(
         model=model,
         args=training_args,
         train_dataset=encoded(splits["train"]),
+        eval_dataset=validation,
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        compute_metrics=validation_bleu(validation, [target for _, target in splits["validation"]], tokenizer,
+                                        metric, args.target_lang),
         callbacks=[TimeLimitCallback(args.minutes)],
-    )
+    )  # fmt: skip
     train_result = trainer.train()
     trainer.save_model(output_dir)  # the model and its tokenizer, for bench.bench_ctranslate2's Marian rows
+    trainer.save_state()
 
     # transformers 5.24 evaluates in length-grouped order too when training is (Trainer._get_eval_sampler), which
     # returns the predictions shuffled against the references: evaluate in order, as a careful stock user must.
     trainer.args.train_sampling_strategy = "random"
-    metric = load_translation_metric()
     scores = {}
     for split in ("validation", "test"):
         output = trainer.predict(encoded(splits[split]))

@@ -81,8 +81,15 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=1, metadata={"help": "Average the weights of the last K checkpoints into the final model (6.1)."}
     )
     max_train_minutes: float | None = field(
-        default=None, metadata={"help": "Stop training (after saving a checkpoint) once this much time has passed."}
-    )
+        default=None,
+        metadata={"help": "Stop training (after saving a checkpoint) once this much training time has passed "
+                  "(evaluation during training does not count)."},
+    )  # fmt: skip
+    keep_checkpoints: bool = field(
+        default=False,
+        metadata={"help": "Keep every checkpoint once the final model is saved (default: only the last, which a "
+                  "resumed run or a longer budget starts from)."},
+    )  # fmt: skip
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Replace a non-empty output_dir (transformers 5 removed this setting)."}
     )
@@ -272,7 +279,7 @@ def rotate_checkpoints(output_dir: str, limit: int | None, keep: str | None = No
         match = CHECKPOINT.fullmatch(name)
         folder = os.path.join(output_dir, name)
         if match and int(match.group(1)) < oldest_kept and not (keep and os.path.samefile(folder, keep)):
-            logger.info("Deleting %s (save_total_limit %d)", name, limit)
+            logger.info("Deleting %s (keeping the newest %d)", name, limit)
             os.replace(folder, os.path.join(output_dir, BEING_DELETED + name))
             shutil.rmtree(os.path.join(output_dir, BEING_DELETED + name))
 
@@ -340,17 +347,19 @@ def load_averaged_checkpoints(model: torch.nn.Module, folders: Sequence[str]) ->
 
 
 class TimeLimitCallback(TrainerCallback, ExportableState):
-    """Ends training, with a final checkpoint, once `minutes` of training have passed. The budget is the whole
-    run's: each checkpoint records the training time spent so far (in its `trainer_state.json`), and a run resumed
-    from it counts on from there."""
+    """Ends training, with a final checkpoint, once `minutes` of training have passed. Evaluation during training
+    does not count, so that evaluating more often does not train less. The budget is the whole run's: each
+    checkpoint records the training time spent so far (in its `trainer_state.json`), and a run resumed from it
+    counts on from there. Every log entry records the training time at its step, `training_seconds`."""
 
     def __init__(self, minutes: float):
         self.seconds = minutes * 60
         self.spent_before = 0.0  # training seconds of the runs this one resumed
         self.start = time.monotonic()
+        self.evaluating = 0.0  # seconds of this run's evaluations
 
     def elapsed(self) -> float:
-        return self.spent_before + time.monotonic() - self.start
+        return self.spent_before + time.monotonic() - self.start - self.evaluating
 
     def state(self) -> dict:
         return {"args": {"minutes": self.seconds / 60}, "attributes": {"spent_seconds": self.elapsed()}}
@@ -364,12 +373,27 @@ class TimeLimitCallback(TrainerCallback, ExportableState):
     def on_train_begin(self, args, state, control, **kwargs):
         self.spent_before = self.spent_in(state)
         self.start = time.monotonic()
+        self.evaluating = 0.0
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.elapsed() >= self.seconds:
             control.should_training_stop = True
             control.should_save = args.save_strategy != "no"
         return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # the Trainer logs an evaluation's metrics before `on_evaluate`: its runtime is not yet subtracted
+        evaluation = sum(value for key, value in (logs or {}).items() if is_evaluation_runtime(key))
+        if state.log_history:  # the entry the Trainer just appended for these logs
+            state.log_history[-1]["training_seconds"] = round(self.elapsed() - evaluation, 1)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.evaluating += sum(value for key, value in (metrics or {}).items() if is_evaluation_runtime(key))
+
+
+def is_evaluation_runtime(key: str) -> bool:
+    """`Trainer.evaluate`'s runtime metric: `eval_runtime`, or `eval_NAME_runtime` for one of several datasets."""
+    return key.startswith("eval_") and key.endswith("_runtime")
 
 
 class TimeBudgetProgressCallback(ProgressCallback):
@@ -412,7 +436,8 @@ class TranslationTrainer(Seq2SeqTrainer):
       instead of a fixed number of sentences (`None`: the Trainer's own batches);
     - the learning rate of Equation 3 for the model's d_model when `learning_rate` is not given;
     - a time limit, `max_train_minutes`, with a progress bar against it;
-    - `average_checkpoints_into_model()`, which loads the mean of the last `average_last_checkpoints` checkpoints.
+    - `save_final_model()`: the mean of the last `average_last_checkpoints` checkpoints saved as the model, and
+      then the checkpoints deleted but the last (`keep_checkpoints` keeps them): the run folder is the model;
     - resuming that ends where an uninterrupted run does: half-written checkpoints are passed over
       (`checkpoint_folders`), and a checkpoint at which training is over trains no further (`train`);
     - evaluation and prediction in dataset order, always: transformers 5 also applies
@@ -522,6 +547,36 @@ class TranslationTrainer(Seq2SeqTrainer):
             self.accelerator.native_amp = native_amp
             if autocast_forward is not None:
                 self.model.forward = autocast_forward
+
+    def save_final_model(self) -> None:
+        """Save the trained model in `args.output_dir`, averaged (Section 6.1) when `args.average_last_checkpoints`
+        asks, with the trainer state; then delete the checkpoints but the last, unless `args.keep_checkpoints`.
+
+        A run resumed after that, at the step its saved model records (a rerun of a finished run, or one stopped
+        while deleting), loads the saved model instead of averaging again: the checkpoints it averaged are gone.
+        """
+        output_dir = self.args.output_dir
+        if self._saved_model_is_this_runs():
+            logger.info("%s holds this run's final model already: loaded, not averaged again", output_dir)
+            load_averaged_checkpoints(self.model, [output_dir])  # the mean of one folder: its weights
+        else:
+            if self.args.average_last_checkpoints > 1:
+                self.average_checkpoints_into_model()
+            self.save_model()
+            self.save_state()  # last: the saved trainer state says that the model beside it is complete
+        self.accelerator.wait_for_everyone()
+        if not self.args.keep_checkpoints and self.is_world_process_zero():
+            rotate_checkpoints(output_dir, limit=1)
+
+    def _saved_model_is_this_runs(self) -> bool:
+        """Whether `output_dir` holds the model `save_final_model` saved at this step of this run: its trainer
+        state names the step and continues the log of the checkpoint this run ended at."""
+        try:
+            saved = TrainerState.load_from_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
+        except (OSError, ValueError):
+            return False
+        logged = self.state.log_history
+        return saved.global_step == self.state.global_step and saved.log_history[: len(logged)] == logged
 
     def average_checkpoints_into_model(self) -> list[str]:
         """Section 6.1: load into the model the average of the last `args.average_last_checkpoints` checkpoints in

@@ -100,6 +100,7 @@ TINY_RUN = [
     "--max_train_samples", "3000", "--max_eval_samples", "40", "--max_predict_samples", "50", "--vocab_size", "1000",
     "--max_steps", "150", "--warmup_steps", "40", "--learning_rate_scale", "0.3",
     "--save_steps", "50", "--average_last_checkpoints", "3", "--logging_steps", "25",
+    "--keep_checkpoints", "true",  # the averaged checkpoints stay, for the tests that read them and the push's
 ]  # fmt: skip
 
 # the same tiny model, English→Chinese on a Tatoeba slice, with the vocabulary normalised as the Chinese recipe's

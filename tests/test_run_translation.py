@@ -593,40 +593,44 @@ def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_ru
 
 
 # Python's audit hooks see shutil.rmtree begin and each file it removes: `sitecustomize` kills the process at the
-# M-th file of the K-th checkpoint folder it deletes (KILL_WHILE_DELETING="K:M"), a moment a real kill rarely hits.
+# M-th file it removes while deleting checkpoint folder NAME (KILL_WHILE_DELETING="NAME:M"), a moment a real kill
+# rarely hits.
 KILL_WHILE_DELETING = """
 import os, signal, sys
 if os.environ.get("KILL_WHILE_DELETING"):
-    folder_number, file_number = map(int, os.environ["KILL_WHILE_DELETING"].split(":"))
-    seen = {"folders": 0, "files": 0}
+    name, file_number = os.environ["KILL_WHILE_DELETING"].split(":")
+    seen = {"deleting": False, "files": 0}
 
     def hook(event, args):
-        if event == "shutil.rmtree" and "checkpoint-" in os.fsdecode(args[0]):
-            seen["folders"] += 1
-        elif event == "os.remove" and seen["folders"] == folder_number:
+        if event == "shutil.rmtree":
+            seen["deleting"] = os.fsdecode(args[0]).endswith(name)
+        elif event == "os.remove" and seen["deleting"]:
             seen["files"] += 1
-            if seen["files"] == file_number:
+            if seen["files"] == int(file_number):
                 os.kill(os.getpid(), signal.SIGKILL)
 
     sys.addaudithook(hook)
 """
 
 
-def test_a_run_killed_while_deleting_old_checkpoints_resumes_to_the_same_weights(uninterrupted_run, tmp_path):
+def test_a_run_killed_while_deleting_checkpoints_resumes_to_the_same_weights(uninterrupted_run, tmp_path):
     # transformers' rotation orders checkpoints by modification time, which a half-done deletion renews: the
     # half-deleted folder was then kept in place of a newer checkpoint, and averaging read it (other weights)
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(KILL_WHILE_DELETING)
     killed = tmp_path / "killed"
     command = [sys.executable, *KILLED_RUN, "--output_dir", str(killed), "--resume_from_checkpoint"]
-    for kill in ("4:2", "1:2", None):  # the 4th deletion of the first run, the 1st of the resumed one, then none
+    # a rotation of the first run (at step 168, of checkpoint-72), the resumed run's clearing of that folder, then
+    # the deletion of the averaged checkpoints once the model is saved (checkpoint-168 first, then 192), then none
+    for kill in ("checkpoint-72:2", "checkpoint-72:1", "checkpoint-192:2", None):
         env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")} | ({"KILL_WHILE_DELETING": kill} if kill else {})
         result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=KILL_TIMEOUT)
-        assert result.returncode == (-9 if kill else 0), result.stderr[-2000:]
+        assert result.returncode == (-9 if kill else 0), (kill, result.stderr[-2000:])
+    assert "holds this run's final model already: loaded, not averaged again" in result.stderr
     assert (killed / "model.safetensors").read_bytes() == (uninterrupted_run / "model.safetensors").read_bytes()
-    assert sorted(p.name for p in killed.iterdir() if "checkpoint" in p.name) == [
-        f"checkpoint-{step}" for step in (168, 192, 216, 240)
-    ]
+    # the run folder is the model, and the last checkpoint, which a longer budget resumes from
+    for run in (killed, uninterrupted_run):
+        assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint-240"]
 
 
 def write_checkpoints(output_dir: Path, steps: dict[int, bool]) -> None:

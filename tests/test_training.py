@@ -280,6 +280,62 @@ def test_a_time_limit_stops_training_with_a_checkpoint_and_a_progress_bar_of_the
     assert 3.6 <= total < 3.6 + 10
 
 
+def test_evaluation_during_training_does_not_count_towards_the_time_limit(tmp_path):
+    def slow_metrics(prediction):
+        time.sleep(1.0)
+        return {"answer": 42.0}
+
+    dataset = random_token_dataset(200, seed=1)
+    model = tiny_model()
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path), max_steps=100_000, max_train_minutes=0.03, per_device_train_batch_size=4,
+        logging_steps=1, eval_strategy="steps", eval_steps=20, save_strategy="no", report_to=[], use_cpu=True,
+        disable_tqdm=True,
+    )  # fmt: skip
+    trainer = TranslationTrainer(
+        model=model, args=args, train_dataset=dataset, eval_dataset=random_token_dataset(8, seed=2),
+        data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model), compute_metrics=slow_metrics,
+    )  # fmt: skip
+    started = time.monotonic()
+    trainer.train()
+    evaluations = [entry for entry in trainer.state.log_history if "eval_answer" in entry]
+    assert len(evaluations) >= 1, trainer.state.global_step
+    assert time.monotonic() - started > 1.8 + len(evaluations)  # each evaluation took a second more than 1.8
+    # every log entry records the training time at its step, evaluations not counted
+    times = [entry["training_seconds"] for entry in trainer.state.log_history]
+    assert times == sorted(times) and times[-1] < 1.8 + 0.9 * len(evaluations)
+    assert TimeLimitCallback.spent_in(trainer.state) < 1.8 + 0.9 * len(evaluations)
+
+
+@pytest.mark.parametrize("keep_checkpoints", [False, True])
+def test_the_final_model_is_the_average_and_only_the_last_checkpoint_stays(tmp_path, keep_checkpoints):
+    dataset = random_token_dataset(64, seed=1)
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path), max_steps=12, save_steps=3, save_total_limit=4, average_last_checkpoints=3,
+        keep_checkpoints=keep_checkpoints, per_device_train_batch_size=4, warmup_steps=2, report_to=[],
+        use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=tiny_model())
+    trainer = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
+    trainer.train()
+    average = average_checkpoints([str(tmp_path / f"checkpoint-{step}") for step in (6, 9, 12)])
+    last = average_checkpoints([str(tmp_path / "checkpoint-12")])
+    trainer.save_final_model()
+    saved = average_checkpoints([str(tmp_path)])
+    assert saved.keys() == average.keys() and all(torch.equal(saved[k], average[k]) for k in saved)
+    assert not all(torch.equal(saved[k], last[k]) for k in saved)
+    kept = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("checkpoint-*"))
+    assert kept == ([3, 6, 9, 12] if keep_checkpoints else [12])
+    # resumed at the last checkpoint (a rerun, or a run stopped while deleting): the saved model, not the average
+    # of the checkpoints left
+    again = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
+    again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-12"))
+    again.save_final_model()
+    state = again.model.state_dict()
+    assert all(torch.equal(state[k], average[k]) for k in average)
+    assert average_checkpoints([str(tmp_path)]).keys() == saved.keys()
+
+
 def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:
     """Translate a letter string into its reverse: a task a tiny Transformer learns in a few hundred steps."""
     rng = random.Random(seed)
