@@ -29,7 +29,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.cli import FlagParser, expand_recipe, parse_config_overrides
+from hf_vanilla_transformer.commands import FlagParser, expand_recipe, parse_config_overrides
 from hf_vanilla_transformer.data import load_translation_split
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
 from hf_vanilla_transformer.hub import push_model_folder, render_model_card, training_table
@@ -375,12 +375,15 @@ def train_and_evaluate(run: Run) -> dict:
 def write_model_card(trainer, run: Run, card_results: dict, results: dict, example: tuple[str, str]) -> None:
     args, data_args = run.training_args, run.data_args
     data = data_args.dataset_description or data_args.dataset_name or data_args.train_file or "—"
+    # a time budget's record where there is one: every start of a resumed run, evaluation not counted (the Trainer's
+    # train_runtime is this start's wall-clock time)
+    budgeted = [entry["training_seconds"] for entry in trainer.state.log_history if "training_seconds" in entry]
     training = training_table(
         args,
         trainer.model.config.d_model,
         trainer.state.global_step,
         training_pairs=results.get("train_samples"),
-        training_seconds=results.get("train_runtime"),
+        training_seconds=budgeted[-1] if budgeted else results.get("train_runtime"),
         data=data,
     )
     picture = write_card_picture(trainer.model, run.tokenizer, example[0], args.output_dir)

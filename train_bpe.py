@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from itertools import chain, islice
 
-from hf_vanilla_transformer.cli import FlagParser
+from hf_vanilla_transformer.commands import FlagParser
 from hf_vanilla_transformer.data import file_sentences, read_dataset
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.tokenizer_training import (

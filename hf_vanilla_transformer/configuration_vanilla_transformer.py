@@ -14,7 +14,9 @@ from huggingface_hub.dataclasses import strict
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
-# Imported (not only named) so that saving a config also copies the pipeline's file into the folder.
+# The config names our pipeline (`custom_pipelines`, its default below), and a saved folder must carry the file it
+# names. transformers ships the files a class needs by its relative imports (`custom_object_save`): this import is
+# that dependency, the way transformers knows it, not an import for a side effect of running the module.
 from .pipeline_translation import CUSTOM_PIPELINES
 
 PositionEmbeddingType = Literal["sinusoidal", "learned"]

@@ -1,6 +1,6 @@
 """Export a trained model folder to CTranslate2, OpenNMT's inference engine, for fast CPU translation.
 
-    python -m hf_vanilla_transformer.export_ctranslate2 --model runs/multi30k-small \\
+    vanilla-export-ctranslate2 --model runs/multi30k-small \\
         --output_dir runs/multi30k-small-ct2 --quantization int8
     vanilla-translate --model runs/multi30k-small-ct2 --input sentences.en --output sentences.de
 
@@ -18,10 +18,8 @@ The folder also gets the tokenizer files, the generation config (the paper's dec
 to a temporary folder and renamed when complete. Needs the [fast] extra: `pip install -e ".[fast]"`.
 """
 
-import argparse
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from .files import atomic_output_dir
@@ -64,8 +62,8 @@ def write_card(model_path: str, folder: str, quantization: str) -> None:
     note = (
         f"\n## CTranslate2 export ({quantization})\n\n"
         f"This folder is the model above converted for [CTranslate2](https://github.com/OpenNMT/CTranslate2) "
-        f"with weights in {quantization} (`python -m hf_vanilla_transformer.export_ctranslate2 --quantization "
-        f"{quantization}`). Translate with `vanilla-translate --model <this folder>`, or with "
+        f"with weights in {quantization} (`vanilla-export-ctranslate2 --quantization {quantization}`). Translate "
+        "with `vanilla-translate --model <this folder>`, or with "
         "`ctranslate2.Translator` on the tokens of the tokenizer stored here (beam 4, length penalty 0.6, at most "
         "the source length + 50 tokens, as `generation_config.json` records).\n"
     )
@@ -192,21 +190,3 @@ def check_expressible(config, activations: dict) -> None:
                 f"{os.path.join(config.name_or_path, 'config.json')}: {name}={getattr(config, name)!r} {why}; "
                 "CTranslate2 cannot run this variant"
             )
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="vanilla-export-ctranslate2", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="One of our model folders (from run_translation.py).")
-    parser.add_argument("--output_dir", required=True, help="The CTranslate2 model folder to write.")
-    parser.add_argument("--quantization", default="float32", choices=QUANTIZATIONS, help="Weight type.")
-    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
-    args = parser.parse_args(argv)
-    try:
-        export(args.model, args.output_dir, args.quantization, args.overwrite_output_dir)
-    except (OSError, ValueError, ImportError) as error:
-        sys.exit(f"{parser.prog}: error: {error}")
-    print(f"Wrote a CTranslate2 model ({args.quantization}) to {args.output_dir}")
-
-
-if __name__ == "__main__":
-    main()

@@ -275,10 +275,11 @@ def rotate_checkpoints(output_dir: str, limit: int | None, keep: str | None = No
     if not limit or len(complete) <= limit:
         return
     oldest_kept = int(CHECKPOINT.fullmatch(os.path.basename(complete[-limit])).group(1))
-    for name in os.listdir(output_dir):
-        match = CHECKPOINT.fullmatch(name)
+    steps = sorted(int(match.group(1)) for match in map(CHECKPOINT.fullmatch, os.listdir(output_dir)) if match)
+    for step in steps:
+        name = f"checkpoint-{step}"
         folder = os.path.join(output_dir, name)
-        if match and int(match.group(1)) < oldest_kept and not (keep and os.path.samefile(folder, keep)):
+        if step < oldest_kept and not (keep and os.path.samefile(folder, keep)):
             logger.info("Deleting %s (keeping the newest %d)", name, limit)
             os.replace(folder, os.path.join(output_dir, BEING_DELETED + name))
             shutil.rmtree(os.path.join(output_dir, BEING_DELETED + name))
@@ -408,17 +409,27 @@ class TimeBudgetProgressCallback(ProgressCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            budget = tqdm.format_interval(self.time_limit.seconds)
+            # the bar's text is the budget's time, not tqdm's own clock: that one also counts evaluation, and
+            # starts again at 0 in a resumed run
+            spent = self.spent_seconds()
             self.training_bar = tqdm(
                 total=round(self.time_limit.seconds),
-                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed} of " + budget + "{postfix}",
-                desc="Training",
+                initial=spent,
+                desc=self.spent_text(spent),
+                bar_format="Training: {percentage:3.0f}%|{bar}| {desc}{postfix}",
                 dynamic_ncols=True,
             )
 
+    def spent_seconds(self) -> int:
+        return min(round(self.time_limit.elapsed()), round(self.time_limit.seconds))
+
+    def spent_text(self, spent: int) -> str:
+        return f"{tqdm.format_interval(spent)} of {tqdm.format_interval(round(self.time_limit.seconds))}"
+
     def on_step_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            self.training_bar.n = min(round(self.time_limit.elapsed()), self.training_bar.total)
+            self.training_bar.n = self.spent_seconds()
+            self.training_bar.set_description_str(self.spent_text(self.training_bar.n), refresh=False)
             self.postfix["step"] = state.global_step
             self.training_bar.set_postfix(self.postfix)
 

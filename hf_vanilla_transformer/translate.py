@@ -1,20 +1,14 @@
-"""Translate a file or standard input with a trained model, one sentence a line.
-
-    vanilla-translate --model runs/multi30k-small --input sentences.en --output sentences.de
-    echo "A man is sleeping." | python -m hf_vanilla_transformer.translate --model runs/multi30k-small
+"""Translating many sentences with a trained model, one a line: what `vanilla-translate` (commands.py) runs.
 
 Input and output are UTF-8, files and standard streams alike. Lines are sorted by length into batches, so that
 little padding is computed, and written back in input order; an empty line stays an empty line. Decoding is the
 model's own (for ours the paper's: beam 4, length penalty 0.6, at most source length + 50 tokens) unless
---num_beams or --max_new_tokens say otherwise. A folder written by `hf_vanilla_transformer.export_ctranslate2` is
+--num_beams or --max_new_tokens say otherwise. A folder written by `vanilla-export-ctranslate2` is
 translated with CTranslate2 (the [fast] extra), with the same decoding: many times faster on a CPU.
 """
 
-import argparse
-import io
 import logging
 import os
-import signal
 import sys
 
 from tqdm.auto import tqdm
@@ -25,68 +19,6 @@ from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokeni
 from hf_vanilla_transformer.precision import translation_dtype
 
 logger = logging.getLogger("vanilla-translate")
-
-
-def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="vanilla-translate", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="A model folder (from run_translation.py or the Hub cache).")
-    parser.add_argument("--input", default="-", help="File of sentences, one a line ('-': standard input).")
-    parser.add_argument("--output", default="-", help="File to write translations to ('-': standard output).")
-    parser.add_argument("--num_beams", type=int, default=None, help="Beam size (default: the model's).")
-    parser.add_argument("--max_new_tokens", type=int, default=None, help="Longest translation, in tokens.")
-    parser.add_argument("--batch_size", type=int, default=32, help="Sentences translated together.")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
-    parser.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-        help="The model's dtype (auto: bfloat16 on a CPU with bfloat16 units, float32 elsewhere).",
-    )  # fmt: skip
-    fast = parser.add_argument_group("CTranslate2 folders (from hf_vanilla_transformer.export_ctranslate2)")
-    fast.add_argument("--compute_type", default="default", help="int8, int8_float32, float32, ... (default: as saved).")
-    fast.add_argument(
-        "--inter_threads", type=int, default=None, help="Batches in parallel (default: a CPU's cores; 1 on a GPU)."
-    )
-    fast.add_argument("--intra_threads", type=int, default=None, help="Threads per batch (default: 1 on a CPU).")
-    return parser.parse_args(argv)
-
-
-class Interrupted(BaseException):
-    """Ctrl-C or SIGTERM (a job scheduler's stop): unwinds like KeyboardInterrupt, so no half-written output stays."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.exit_code = 128 + signum
-
-
-def _raise_interrupted(signum: int, frame) -> None:
-    raise Interrupted(signum)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_arguments(argv)
-    for stop in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(stop, _raise_interrupted)
-    try:
-        translate_file(args)
-    except Interrupted as interruption:
-        print("\nvanilla-translate: interrupted; nothing was written", file=sys.stderr)
-        sys.exit(interruption.exit_code)
-    except (OSError, ValueError) as error:
-        sys.exit(f"vanilla-translate: error: {error}")
-
-
-def translate_file(args: argparse.Namespace) -> None:
-    if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
-        sys.stdout.reconfigure(encoding="utf-8")
-    lines = read_lines(args.input)
-    translator = load_translator(
-        args.model, args.device, args.dtype, compute_type=args.compute_type, inter_threads=args.inter_threads,
-        intra_threads=args.intra_threads,
-    )  # fmt: skip
-    generate_kwargs = {
-        key: value for key, value in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens)) if value
-    }
-    translations = translate_lines(translator, lines, args.batch_size, generate_kwargs, show_progress=args.input != "-")
-    write_lines(args.output, translations)
 
 
 def read_lines(path: str) -> list[str]:
@@ -222,7 +154,3 @@ def write_lines(path: str, lines: list[str]) -> None:
         sys.stdout.write(text)
         return
     write_text_atomically(path, text)
-
-
-if __name__ == "__main__":
-    main()

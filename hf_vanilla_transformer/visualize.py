@@ -1,7 +1,7 @@
 """Attention pictures and step-by-step decoding of a trained model, as PNG files and one self-contained HTML page.
 
     vanilla-attention --model runs/multi30k-small --source "A man is sleeping." --output_dir attention
-    python -m hf_vanilla_transformer.visualize --model runs/multi30k-small --source "A man is sleeping." \\
+    vanilla-attention --model runs/multi30k-small --source "A man is sleeping." \\
         --target "Ein Mann schläft." --steps --output_dir attention
 
 For the model's own translation of --source (or --target, read with teacher forcing) it draws the encoder
@@ -14,28 +14,23 @@ probability the model gives each reference token), printed and on the page. Draw
 `apt-get install fonts-wqy-microhei`).
 """
 
-import argparse
 import functools
 import html
 import importlib.util
-import io
 import json
 import logging
 import os
 import re
-import sys
 import warnings
 
 import numpy as np
 
-from .files import atomic_output_dir, replace_atomically, write_text_atomically
+from .files import replace_atomically
 from .inspection import (
     ATTENTION_KINDS,
     AttentionMaps,
     DecodingStep,
     attention_maps,
-    decoding_steps,
-    teacher_forced_steps,
 )
 
 # fonts with CJK characters that matplotlib falls back to for labels DejaVu Sans cannot draw
@@ -219,51 +214,3 @@ def attention_page(maps: AttentionMaps, step_tables: dict[str, list[DecodingStep
     }
     with open(PAGE_TEMPLATE, encoding="utf-8") as file:
         return re.sub(r"__([A-Z_]+)__", lambda match: values[match.group(1)], file.read())
-
-
-def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="vanilla-attention", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="A model folder (from run_translation.py or the Hub cache).")
-    parser.add_argument("--source", required=True, help="The sentence to translate.")
-    parser.add_argument("--target", help="A translation to read with teacher forcing instead of the model's own.")
-    parser.add_argument("--output_dir", required=True, help="Folder for the PNG files and attention.html.")
-    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace --output_dir if it exists.")
-    parser.add_argument("--layer", type=int, help="Draw this layer only (from 1).")
-    parser.add_argument("--head", type=int, help="Draw this head only (from 1).")
-    parser.add_argument("--steps", action="store_true", help="Show the decoding step by step.")
-    parser.add_argument("--num_beams", type=int, help="Beam size of the beam-search table (default: the model's).")
-    parser.add_argument("--top_k", type=int, default=5, help="Alternatives shown at each step.")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, ...")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_arguments(argv)
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        sys.stdout.reconfigure(encoding="utf-8")
-    from .loading import load_model_and_tokenizer
-
-    try:
-        model, tokenizer = load_model_and_tokenizer(args.model, args.device)
-        maps = attention_maps(model, tokenizer, args.source, args.target, top_k=args.top_k)
-        check_selection(maps, args.layer, args.head)
-        step_tables = {}
-        if args.steps and args.target is not None:
-            step_tables["Teacher forcing: the probability of each reference token"] = teacher_forced_steps(maps)
-        elif args.steps:
-            beams = args.num_beams or model.generation_config.num_beams or 1
-            for title, num_beams in (("Greedy decoding", 1), (f"Beam search, {beams} beams", beams)):
-                step_tables[title], _ = decoding_steps(model, tokenizer, args.source, num_beams, args.top_k)
-        with atomic_output_dir(args.output_dir, args.overwrite_output_dir) as staging:
-            paths = write_attention_pictures(maps, staging, args.layer, args.head)
-            write_text_atomically(os.path.join(staging, "attention.html"), attention_page(maps, step_tables))
-    except (OSError, ValueError) as error:
-        sys.exit(f"vanilla-attention: error: {error}")
-    print(f"{'target' if maps.teacher_forced else 'translation'}: {maps.translation}")
-    for title, steps in step_tables.items():
-        print(format_steps(title, steps))
-    print(f"wrote {len(paths)} pictures and attention.html to {args.output_dir}")
-
-
-if __name__ == "__main__":
-    main()

@@ -110,3 +110,20 @@ def test_a_variant_ctranslate2_cannot_run_and_a_foreign_folder_are_refused(tmp_p
     with pytest.raises(ModelFolderError, match=r"marian/config.json: model_type 'marian' is not ours"):
         export(str(tmp_path / "marian"), str(tmp_path / "out"))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["marian", "variant"]
+
+
+def test_the_command_exports_a_folder_and_reports_bad_input_in_one_line(tmp_path, capsys):
+    from hf_vanilla_transformer.commands import export_ctranslate2_main
+
+    model = tiny_model(decoder_attention_heads=4, vocab_size=14)  # one head count, as CTranslate2 needs
+    model.save_pretrained(tmp_path / "model")
+    letter_tokenizer().save_pretrained(tmp_path / "model")
+    export_ctranslate2_main(["--model", str(tmp_path / "model"), "--output_dir", str(tmp_path / "ct2"),
+                             "--quantization", "int8"])  # fmt: skip
+    assert capsys.readouterr().out == f"Wrote a CTranslate2 model (int8) to {tmp_path / 'ct2'}\n"
+    assert is_ctranslate2_folder(str(tmp_path / "ct2"))
+    with pytest.raises(SystemExit) as exit_info:
+        export_ctranslate2_main(["--model", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "out")])
+    assert str(exit_info.value.code).startswith("vanilla-export-ctranslate2: error: ")
+    assert "not a model folder (no config.json)" in str(exit_info.value.code)
+    assert not (tmp_path / "out").exists()

@@ -40,7 +40,7 @@ from helpers import (
     write_lines,
 )
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.cli import recipe_flags
+from hf_vanilla_transformer.commands import recipe_flags
 from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
@@ -483,14 +483,21 @@ def test_resume_from_checkpoint(tmp_path):
         "--config_overrides", "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1",
         "--do_train", "--max_tokens_per_batch", "600", "--save_steps", "4", "--logging_steps", "2",
         "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true", "--output_dir", str(tmp_path / "run"),
+        "--max_train_minutes", "60",  # a budget that never ends the run, and records the training time
     ]  # fmt: skip
     run_translation.main([*tiny, "--max_steps", "4"])
+    first = json.loads((tmp_path / "run" / "trainer_state.json").read_text())["log_history"][-1]["training_seconds"]
     checkpoint = tmp_path / "run" / "checkpoint-4"
     assert (checkpoint / "model.safetensors").exists()
     run_translation.main([*tiny, "--max_steps", "8", "--resume_from_checkpoint", str(checkpoint)])
     state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
     assert state["global_step"] == 8
     assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [2, 4, 6, 8]
+    # the card counts both starts' training, as the budget does (the Trainer's train_runtime is the last start's)
+    total = state["log_history"][-1]["training_seconds"]
+    train_runtime = json.loads((tmp_path / "run" / "train_results.json").read_text())["train_runtime"]
+    assert total > first and total > train_runtime
+    assert f"- training time: {total / 60:.1f} minutes\n" in (tmp_path / "run" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("recipe", sorted((REPO_ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.name)

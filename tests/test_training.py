@@ -259,7 +259,7 @@ def test_a_time_limit_stops_training_with_a_checkpoint_and_a_progress_bar_of_the
     assert (tmp_path / f"checkpoint-{steps}" / "model.safetensors").is_file()  # saved where it stopped
     bar = capfd.readouterr().err.replace("\r", "\n").splitlines()
     last = [line for line in bar if line.startswith("Training:")][-1]
-    assert re.fullmatch(rf"Training: 100%\|█+\| 00:0\d of 00:01, step={steps}, loss=\d+(\.\d+)?", last.strip()), last
+    assert re.fullmatch(rf"Training: 100%\|█+\| 00:02 of 00:02, step={steps}, loss=\d+(\.\d+)?", last.strip()), last
     assert not any("/100000" in line for line in bar)  # nothing counts towards max_steps
 
     # the budget is the whole run's: the checkpoint records the time spent, and a resumed run counts on from it
@@ -278,6 +278,11 @@ def test_a_time_limit_stops_training_with_a_checkpoint_and_a_progress_bar_of_the
     assert longer.state.global_step > steps and time.monotonic() - started < 3.6 - spent + 10
     total = TimeLimitCallback.spent_in(longer.state)
     assert 3.6 <= total < 3.6 + 10
+    # the resumed run's bar counts the whole budget (tqdm's own clock would start again at 00:00)
+    bar = [line.strip() for line in capfd.readouterr().err.replace("\r", "\n").splitlines()]
+    bar = [line for line in bar if line.startswith("Training:")]
+    assert re.fullmatch(r"Training: +\d+%\|.*\| 00:0[2-3] of 00:04", bar[0]), bar[0]  # from the time spent
+    assert re.fullmatch(r"Training: 100%\|█+\| 00:04 of 00:04, step=\d+, loss=\d+(\.\d+)?", bar[-1]), bar[-1]
 
 
 def test_evaluation_during_training_does_not_count_towards_the_time_limit(tmp_path):

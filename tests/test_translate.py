@@ -5,7 +5,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -27,10 +26,11 @@ from hf_vanilla_transformer.data import read_translation_file
 from hf_vanilla_transformer.translate import load_translator, read_lines, translate_lines
 
 
-def vanilla_translate(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def vanilla_translate(*args: str, stdin: str | bytes | None = None, **options) -> subprocess.CompletedProcess:
     command = shutil.which("vanilla-translate")
     assert command, "the vanilla-translate console script is not installed"
-    return subprocess.run([command, *args], input=stdin, capture_output=True, text=True, timeout=300)
+    options = {"text": not isinstance(stdin, bytes), **options}
+    return subprocess.run([command, *args], input=stdin, capture_output=True, timeout=300, **options)
 
 
 def test_translate_command_keeps_order_and_empty_lines(trained_run, model_and_tokenizer, tmp_path):
@@ -45,22 +45,15 @@ def test_translate_command_keeps_order_and_empty_lines(trained_run, model_and_to
     assert (tmp_path / "out.txt").read_text().split("\n") == [expected[0], "", expected[1], "", expected[2], ""]
     assert "3/3" in result.stderr  # the progress bar, on stderr
 
-    piped = subprocess.run(
-        [sys.executable, "-m", "hf_vanilla_transformer.translate", "--model", str(trained_run.output),
-         "--max_new_tokens", "3"],
-        input=SENTENCES[0] + "\n", capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    piped = vanilla_translate("--model", str(trained_run.output), "--max_new_tokens", "3", stdin=SENTENCES[0] + "\n")
     assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 1 and piped.stdout.strip()
     assert "sentence/s" not in piped.stderr
 
 
 def test_translate_command_writes_chinese_as_utf8_whatever_the_locale(chinese_run, tmp_path):
     english = ["I like to eat apples.", "", "Where is the station?"]
-    piped = subprocess.run(
-        [sys.executable, "-m", "hf_vanilla_transformer.translate", "--model", str(chinese_run.output)],
-        input="\n".join(english).encode("utf-8"), capture_output=True, timeout=300,
-        env={**os.environ, "PYTHONIOENCODING": "ascii", "LC_ALL": "C"},
-    )  # fmt: skip
+    piped = vanilla_translate("--model", str(chinese_run.output), stdin="\n".join(english).encode("utf-8"),
+                              env={**os.environ, "PYTHONIOENCODING": "ascii", "LC_ALL": "C"})  # fmt: skip
     assert piped.returncode == 0, piped.stderr.decode()
     lines = piped.stdout.decode("utf-8").split("\n")
     assert len(lines) == 4 and lines[1] == lines[3] == ""

@@ -1,7 +1,7 @@
 import json
 import re
+import shutil
 import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -10,12 +10,12 @@ import torch
 from matplotlib.image import imread
 
 from helpers import SENTENCES, generate_text, headless_chromium
+from hf_vanilla_transformer.commands import attention_main
 from hf_vanilla_transformer.inspection import ATTENTION_KINDS, AttentionMaps, attention_maps, decoding_steps
 from hf_vanilla_transformer.visualize import (
     attention_figure,
     attention_page,
     format_steps,
-    main,
     save_figure,
     write_attention_pictures,
 )
@@ -178,9 +178,9 @@ def test_format_steps_is_a_table_with_a_row_per_hypothesis(model_and_tokenizer):
 
 
 def vanilla_attention(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "hf_vanilla_transformer.visualize", *args], capture_output=True, text=True, timeout=300
-    )
+    command = shutil.which("vanilla-attention")
+    assert command, "the vanilla-attention console script is not installed"
+    return subprocess.run([command, *args], capture_output=True, text=True, timeout=300)
 
 
 def test_the_command_writes_every_picture_and_the_page_and_prints_the_steps(trained_run, model_and_tokenizer, tmp_path):
@@ -240,7 +240,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(trained_run, tmp_path, a
     for flag, value in zip(arguments[::2], arguments[1::2], strict=True):
         values[flag] = value.format(missing=missing)
     with pytest.raises(SystemExit) as exit:  # sys.exit(message): Python prints it and exits with status 1
-        main([item for pair in values.items() for item in pair])
+        attention_main([item for pair in values.items() for item in pair])
     assert str(exit.value.code).startswith("vanilla-attention: error: ")
     assert message.format(missing=missing) in str(exit.value.code) and "\n" not in str(exit.value.code)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))

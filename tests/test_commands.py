@@ -1,10 +1,11 @@
-"""hf_vanilla_transformer.cli: recipe files and --config_overrides."""
+"""hf_vanilla_transformer.commands: the flag parser, recipe files and --config_overrides (the console scripts are
+tested with their modules: test_translate.py, test_visualize.py, test_export_ctranslate2.py)."""
 
 from dataclasses import dataclass, field
 
 import pytest
 
-from hf_vanilla_transformer.cli import FlagParser, expand_recipe, parse_config_overrides, recipe_flags
+from hf_vanilla_transformer.commands import FlagParser, expand_recipe, parse_config_overrides, recipe_flags
 
 
 @dataclass

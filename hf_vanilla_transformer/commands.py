@@ -1,0 +1,228 @@
+"""The package's command lines, in one place: the console scripts `vanilla-translate`, `vanilla-attention` and
+`vanilla-export-ctranslate2` (setup.cfg), each a thin shell over a library module (translate.py, visualize.py,
+export_ctranslate2.py), and what the top-level scripts `run_translation.py` and `train_bpe.py` share: a flag parser
+whose errors are one line, recipe files (expanded to flags, which the parser then checks) and `--config_overrides`.
+
+Library functions raise plain exceptions that name their own parameters; each command reports them in its own
+name, in one line, with a non-zero exit.
+"""
+
+import argparse
+import io
+import json
+import os
+import re
+import signal
+import sys
+
+import yaml
+from transformers import HfArgumentParser
+
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .files import atomic_output_dir, write_text_atomically
+from .loading import one_line
+
+RECIPE_EXTENSIONS = (".yaml", ".yml", ".json")
+FLAG_NAME = re.compile(r"[A-Za-z][\w-]*")
+
+
+class FlagParser(HfArgumentParser):
+    """`HfArgumentParser` whose errors (a mistyped flag, a bad value) are a ValueError of one line: argparse would
+    print the whole usage (hundreds of lines for the Trainer's flags) above the error."""
+
+    def error(self, message: str):
+        raise ValueError(f"{message} (see --help)")
+
+
+def recipe_flags(recipe_file: str) -> list[str]:
+    """The command-line flags a recipe file (.yaml/.json mapping flag names to values) stands for: `name: value`
+    becomes `--name value`, a list one flag with several values, true/false `true`/`false`. A null value leaves
+    the flag at its default. The command's parser then checks the flags as it checks those typed."""
+    try:
+        with open(recipe_file, encoding="utf-8") as file:
+            recipe = json.load(file) if recipe_file.endswith(".json") else yaml.safe_load(file)
+    except OSError as error:
+        raise ValueError(f"{recipe_file}: cannot read the recipe ({error.strerror})") from None
+    except (ValueError, RecursionError, yaml.YAMLError) as error:  # JSON and UTF-8 errors are ValueErrors
+        raise ValueError(f"{recipe_file}: not a valid recipe ({one_line(error)})") from None
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{recipe_file}: a recipe is a mapping of flag names to values")
+    flags = []
+    for name, value in recipe.items():
+        if not (isinstance(name, str) and FLAG_NAME.fullmatch(name)):
+            raise ValueError(f"{recipe_file}: {name!r} is not a flag name")
+        if value is None:
+            continue
+        values = value if isinstance(value, list) else [value]
+        for one in values:
+            if one is None or isinstance(one, (dict, list)):
+                raise ValueError(f"{recipe_file}: {name}: {one!r} is not a value (a number, a string or true/false)")
+        flags += [f"--{name}", *(str(one).lower() if isinstance(one, bool) else str(one) for one in values)]
+    return flags
+
+
+def expand_recipe(argv: list[str]) -> list[str]:
+    """`argv` with a leading recipe file replaced by its flags; flags after the recipe override it."""
+    if argv and argv[0].endswith(RECIPE_EXTENSIONS):
+        return [*recipe_flags(argv[0]), *argv[1:]]
+    return argv
+
+
+def parse_config_overrides(config_overrides: str | None) -> dict:
+    """'d_model=256,dropout=0.2,position_embedding_type=learned' -> {"d_model": 256, "dropout": 0.2, ...}.
+
+    Values are read as YAML scalars (numbers, true/false, null, strings; 1e-2 is a number too, which YAML 1.1
+    would read as a string). transformers' own
+    `PretrainedConfig.update_from_string` cannot set attributes whose default is None (`head_dim`) and sets them
+    after the config is built, past its validation; these overrides go to the constructor instead.
+    """
+    overrides = {}
+    for item in filter(None, (config_overrides or "").split(",")):
+        name, separator, value = item.partition("=")
+        if not separator or not hasattr(VanillaTransformerConfig(), name.strip()):
+            raise ValueError(f"config_overrides: {item!r} is not NAME=VALUE with a config attribute NAME")
+        overrides[name.strip()] = scalar(value)
+    return overrides
+
+
+def scalar(text: str):
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value)  # exponent forms that YAML 1.1 leaves as strings: 1e-2, 5E3
+        except ValueError:
+            return value
+    return value
+
+
+def translate_main(argv: list[str] | None = None) -> None:
+    """vanilla-translate: translate a file or standard input, one sentence a line (translate.py)."""
+    from .translate import load_translator, read_lines, translate_lines, write_lines
+
+    parser = argparse.ArgumentParser(
+        prog="vanilla-translate",
+        description="Translate a file or standard input with a trained model, one sentence a line. Empty lines stay "
+        "empty; decoding is the model's own (for ours the paper's) unless flags say otherwise; a CTranslate2 folder "
+        "(vanilla-export-ctranslate2) is translated with CTranslate2.",
+    )
+    parser.add_argument("--model", required=True, help="A model folder (from run_translation.py or the Hub cache).")
+    parser.add_argument("--input", default="-", help="File of sentences, one a line ('-': standard input).")
+    parser.add_argument("--output", default="-", help="File to write translations to ('-': standard output).")
+    parser.add_argument("--num_beams", type=int, default=None, help="Beam size (default: the model's).")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="Longest translation, in tokens.")
+    parser.add_argument("--batch_size", type=int, default=32, help="Sentences translated together.")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        help="The model's dtype (auto: bfloat16 on a CPU with bfloat16 units, float32 elsewhere).",
+    )  # fmt: skip
+    fast = parser.add_argument_group("CTranslate2 folders (from vanilla-export-ctranslate2)")
+    fast.add_argument("--compute_type", default="default", help="int8, int8_float32, float32, ... (default: as saved).")
+    fast.add_argument(
+        "--inter_threads", type=int, default=None, help="Batches in parallel (default: a CPU's cores; 1 on a GPU)."
+    )
+    fast.add_argument("--intra_threads", type=int, default=None, help="Threads per batch (default: 1 on a CPU).")
+    args = parser.parse_args(argv)
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, _raise_interrupted)
+    try:
+        if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
+            sys.stdout.reconfigure(encoding="utf-8")
+        lines = read_lines(args.input)
+        translator = load_translator(
+            args.model, args.device, args.dtype, compute_type=args.compute_type, inter_threads=args.inter_threads,
+            intra_threads=args.intra_threads,
+        )  # fmt: skip
+        generate_kwargs = {
+            key: value for key, value in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens))
+            if value
+        }  # fmt: skip
+        translations = translate_lines(
+            translator, lines, args.batch_size, generate_kwargs, show_progress=args.input != "-"
+        )
+        write_lines(args.output, translations)
+    except Interrupted as interruption:
+        print(f"\n{parser.prog}: interrupted; nothing was written", file=sys.stderr)
+        sys.exit(interruption.exit_code)
+    except (OSError, ValueError) as error:
+        sys.exit(f"{parser.prog}: error: {error}")
+
+
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM (a job scheduler's stop): unwinds like KeyboardInterrupt, so no half-written output stays."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.exit_code = 128 + signum
+
+
+def _raise_interrupted(signum: int, frame) -> None:
+    raise Interrupted(signum)
+
+
+def attention_main(argv: list[str] | None = None) -> None:
+    """vanilla-attention: attention pictures and step-by-step decoding of one sentence (visualize.py)."""
+    from .inspection import attention_maps, decoding_steps, teacher_forced_steps
+    from .loading import load_model_and_tokenizer
+    from .visualize import attention_page, check_selection, format_steps, write_attention_pictures
+
+    parser = argparse.ArgumentParser(
+        prog="vanilla-attention",
+        description="Draw every attention map of a trained model for one sentence (PNG files and attention.html, "
+        "which needs no network), and with --steps show its decoding step by step.",
+    )
+    parser.add_argument("--model", required=True, help="A model folder (from run_translation.py or the Hub cache).")
+    parser.add_argument("--source", required=True, help="The sentence to translate.")
+    parser.add_argument("--target", help="A translation to read with teacher forcing instead of the model's own.")
+    parser.add_argument("--output_dir", required=True, help="Folder for the PNG files and attention.html.")
+    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace --output_dir if it exists.")
+    parser.add_argument("--layer", type=int, help="Draw this layer only (from 1).")
+    parser.add_argument("--head", type=int, help="Draw this head only (from 1).")
+    parser.add_argument("--steps", action="store_true", help="Show the decoding step by step.")
+    parser.add_argument("--num_beams", type=int, help="Beam size of the beam-search table (default: the model's).")
+    parser.add_argument("--top_k", type=int, default=5, help="Alternatives shown at each step.")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    args = parser.parse_args(argv)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(encoding="utf-8")
+    try:
+        model, tokenizer = load_model_and_tokenizer(args.model, args.device)
+        maps = attention_maps(model, tokenizer, args.source, args.target, top_k=args.top_k)
+        check_selection(maps, args.layer, args.head)
+        step_tables = {}
+        if args.steps and args.target is not None:
+            step_tables["Teacher forcing: the probability of each reference token"] = teacher_forced_steps(maps)
+        elif args.steps:
+            beams = args.num_beams or model.generation_config.num_beams or 1
+            for title, num_beams in (("Greedy decoding", 1), (f"Beam search, {beams} beams", beams)):
+                step_tables[title], _ = decoding_steps(model, tokenizer, args.source, num_beams, args.top_k)
+        with atomic_output_dir(args.output_dir, args.overwrite_output_dir) as staging:
+            paths = write_attention_pictures(maps, staging, args.layer, args.head)
+            write_text_atomically(os.path.join(staging, "attention.html"), attention_page(maps, step_tables))
+    except (OSError, ValueError) as error:
+        sys.exit(f"{parser.prog}: error: {error}")
+    print(f"{'target' if maps.teacher_forced else 'translation'}: {maps.translation}")
+    for title, steps in step_tables.items():
+        print(format_steps(title, steps))
+    print(f"wrote {len(paths)} pictures and attention.html to {args.output_dir}")
+
+
+def export_ctranslate2_main(argv: list[str] | None = None) -> None:
+    """vanilla-export-ctranslate2: write a model folder as a CTranslate2 folder (export_ctranslate2.py)."""
+    from .export_ctranslate2 import QUANTIZATIONS, export
+
+    parser = argparse.ArgumentParser(
+        prog="vanilla-export-ctranslate2",
+        description="Export a trained model folder to CTranslate2, OpenNMT's inference engine, for fast CPU "
+        "translation (needs the [fast] extra).",
+    )
+    parser.add_argument("--model", required=True, help="One of our model folders (from run_translation.py).")
+    parser.add_argument("--output_dir", required=True, help="The CTranslate2 model folder to write.")
+    parser.add_argument("--quantization", default="float32", choices=QUANTIZATIONS, help="Weight type.")
+    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
+    args = parser.parse_args(argv)
+    try:
+        export(args.model, args.output_dir, args.quantization, args.overwrite_output_dir)
+    except (OSError, ValueError, ImportError) as error:
+        sys.exit(f"{parser.prog}: error: {error}")
+    print(f"Wrote a CTranslate2 model ({args.quantization}) to {args.output_dir}")
