@@ -69,11 +69,13 @@ def marian(tokenizer) -> MarianMTModel:
 
 def validation_bleu(validation: Dataset, references: list[str], tokenizer, metric, target_lang: str):
     """`compute_metrics` for evaluation during training, which transformers 5.24 runs in length-grouped order
-    (see below): each prediction is put back in line with its raw reference through its labels."""
+    (see below): each prediction is put back in line with its raw reference through its labels (which come back
+    padded with -100 and, by Seq2SeqTrainer, with the pad token)."""
     by_labels = {tuple(labels): reference for labels, reference in zip(validation["labels"], references, strict=True)}
+    padding = (-100, tokenizer.pad_token_id)
 
     def compute_metrics(prediction) -> dict:
-        labels = [tuple(int(i) for i in row if i != -100) for row in prediction.label_ids]
+        labels = [tuple(int(i) for i in row if i not in padding) for row in prediction.label_ids]
         in_order = [by_labels[row] for row in labels]
         _, scores = score_generated(prediction.predictions, tokenizer, in_order, metric, target_language=target_lang)
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
@@ -153,6 +155,7 @@ def main():
     # transformers 5.24 evaluates in length-grouped order too when training is (Trainer._get_eval_sampler), which
     # returns the predictions shuffled against the references: evaluate in order, as a careful stock user must.
     trainer.args.train_sampling_strategy = "random"
+    trainer.compute_metrics = None  # each split is scored below against its own references
     scores = {}
     for split in ("validation", "test"):
         output = trainer.predict(encoded(splits[split]))
