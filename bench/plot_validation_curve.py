@@ -65,15 +65,16 @@ def main():
         axes.plot(minutes, bleu, marker="o", color=color, label=label)
         axes.plot([minutes[-1], final[0]], [bleu[-1], final[1]], linestyle=":", color=color)
         axes.plot(*final, marker="*", markersize=14, color=color, linestyle="none")
-        axes.annotate(f"{final[1]:.1f} ({final_label})", final, textcoords="offset points", xytext=(-10, 8),
-                      ha="right", color=color)  # fmt: skip
+        axes.annotate(f"{final[1]:.1f} ({final_label})", final, textcoords="offset points", xytext=(-12, 0),
+                      ha="right", va="center", color=color)  # fmt: skip
     cpu = stock_results["machine"]["cpu"]
     axes.set_xlabel("training time, minutes (evaluation not counted)")
     axes.set_ylabel("validation BLEU (sacreBLEU, 13a)")
     axes.set_title(f"Multi30k English→German, the same 24 minutes on 2 CPU cores ({cpu})", fontsize=10)
     axes.grid(alpha=0.3)
     axes.set_xlim(left=0)
-    axes.set_ylim(bottom=0)
+    highest = max(bleu for points, final, _ in curves.values() for _, bleu in [*points, final])
+    axes.set_ylim(0, highest + 4)
     axes.legend(loc="lower right")
     figure.tight_layout()
     save_figure(figure, args.output)
