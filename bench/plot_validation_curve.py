@@ -1,7 +1,7 @@
 """The main job's validation BLEU against training time, ours beside the stock Marian recipe: docs/validation_curve.png.
 
     python run_translation.py recipes/multi30k_small.yaml --eval_strategy steps --eval_steps 400
-    python -m bench.stock_marian_translation --data multi30k --source_lang en --target_lang de --eval_steps 200
+    python -m bench.stock_marian_translation --data multi30k --source_lang en --target_lang de --eval_steps 450
     python -m bench.plot_validation_curve
 
 Reads the runs' logs, nothing else: each `trainer_state.json` holds a validation BLEU every `--eval_steps` steps
