@@ -19,19 +19,14 @@ from bench.common import REPO_ROOT, write_results
 from hf_vanilla_transformer.visualize import save_figure
 
 
-def evaluations(run_folder: str) -> list[tuple[float, float]]:
-    """(training minutes, validation BLEU) of every evaluation in the run's log."""
+def evaluations(run_folder: str) -> tuple[list[tuple[float, float]], float]:
+    """(training minutes, validation BLEU) of every evaluation in the run's log, and the run's training minutes."""
     with open(os.path.join(run_folder, "trainer_state.json"), encoding="utf-8") as file:
         log = json.load(file)["log_history"]
     points = [(entry["training_seconds"] / 60, entry["eval_bleu"]) for entry in log if "eval_bleu" in entry]
     if not points:
         raise ValueError(f"{run_folder}/trainer_state.json: no eval_bleu entries (train with --eval_steps)")
-    return points
-
-
-def final_minutes(run_folder: str) -> float:
-    with open(os.path.join(run_folder, "trainer_state.json"), encoding="utf-8") as file:
-        return json.load(file)["log_history"][-1]["training_seconds"] / 60
+    return points, log[-1]["training_seconds"] / 60
 
 
 def main():
@@ -48,11 +43,11 @@ def main():
         ours_final = json.load(file)["eval_bleu"]
     with open(args.stock_results, encoding="utf-8") as file:
         stock_results = json.load(file)
+    (ours, ours_minutes), (stock, stock_minutes) = evaluations(args.ours), evaluations(args.stock)
     curves = {
-        "ours (the paper's recipe)": (evaluations(args.ours), (final_minutes(args.ours), ours_final), "averaged"),
-        "stock Marian recipe": (
-            evaluations(args.stock), (final_minutes(args.stock), stock_results["validation"]["bleu"]), "final"),
-    }  # fmt: skip
+        "ours (the paper's recipe)": (ours, (ours_minutes, ours_final), "averaged"),
+        "stock Marian recipe": (stock, (stock_minutes, stock_results["validation"]["bleu"]), "final"),
+    }
 
     import matplotlib
 
