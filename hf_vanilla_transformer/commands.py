@@ -1,6 +1,6 @@
-"""The package's command lines, in one place: the console scripts `vanilla-translate`, `vanilla-attention` and
-`vanilla-export-ctranslate2` (setup.cfg), each a thin shell over a library module (translate.py, visualize.py,
-export_ctranslate2.py), and what the top-level scripts `run_translation.py` and `train_bpe.py` share: a flag parser
+"""The package's command lines, in one place: the console scripts `vanilla-translate`, `vanilla-attention`,
+`vanilla-export-ctranslate2` and `vanilla-export-marian` (setup.cfg), each a thin shell over a library module
+(translate.py, visualize.py, export_ctranslate2.py, export_marian.py), and what the top-level scripts `run_translation.py` and `train_bpe.py` share: a flag parser
 whose errors are one line, recipe files (expanded to flags, which the parser then checks) and `--config_overrides`.
 
 Library functions raise plain exceptions that name their own parameters; each command reports them in its own
@@ -226,3 +226,23 @@ def export_ctranslate2_main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, ImportError) as error:
         sys.exit(f"{parser.prog}: error: {error}")
     print(f"Wrote a CTranslate2 model ({args.quantization}) to {args.output_dir}")
+
+
+def export_marian_main(argv: list[str] | None = None) -> None:
+    """vanilla-export-marian: write a model folder as transformers' own MarianMTModel (export_marian.py)."""
+    from .export_marian import export
+
+    parser = argparse.ArgumentParser(
+        prog="vanilla-export-marian",
+        description="Export a trained model folder to transformers' own MarianMTModel: the same model, loaded by "
+        "plain transformers with no code of ours and no trust_remote_code.",
+    )
+    parser.add_argument("--model", required=True, help="One of our model folders (from run_translation.py).")
+    parser.add_argument("--output_dir", required=True, help="The MarianMTModel folder to write.")
+    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
+    args = parser.parse_args(argv)
+    try:
+        export(args.model, args.output_dir, args.overwrite_output_dir)
+    except (OSError, ValueError) as error:
+        sys.exit(f"{parser.prog}: error: {error}")
+    print(f"Wrote a MarianMTModel to {args.output_dir}")

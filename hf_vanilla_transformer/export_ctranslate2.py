@@ -13,17 +13,21 @@ that maps our weights onto its Transformer specification (`VanillaTransformerLoa
   position 1), or the learned table;
 - one vocabulary for source and target, and one embedding matrix tied three ways (stored once);
 - the decoder starts from `<s>` and ends at `</s>`.
-The folder also gets the tokenizer files, the generation config (the paper's decoding defaults, which
-`vanilla-translate` applies: beam 4, length penalty 0.6, source length + 50 tokens) and a model card. It is written
-to a temporary folder and renamed when complete. Needs the [fast] extra: `pip install -e ".[fast]"`.
+The folder also gets the tokenizer files, the generation config (the model's decoding, which `vanilla-translate`
+applies; for ours by default the paper's: beam 4, length penalty 0.6, source length + 50 tokens) and a model card
+with this folder's "How to use". It is written to a temporary folder and renamed when complete. Needs the [fast]
+extra: `pip install -e ".[fast]"`.
 """
 
+import json
 import os
 import shutil
-from pathlib import Path
+from collections.abc import Callable
 
 from .files import atomic_output_dir
+from .hub import write_export_card
 from .loading import ModelFolderError, load_model_and_tokenizer
+from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16", "int8_bfloat16")
 # what our folder carries besides the weights that the export keeps (the weights become model.bin)
@@ -51,24 +55,55 @@ def export(model_path: str, output_dir: str, quantization: str = "float32", over
         for name in CARRIED_FILES:
             if os.path.isfile(os.path.join(model_path, name)):
                 shutil.copy(os.path.join(model_path, name), staging)
-        write_card(model_path, staging, quantization)
+        write_card(model_path, staging, quantization, model_id=output_dir)
     return output_dir
 
 
-def write_card(model_path: str, folder: str, quantization: str) -> None:
-    """The source folder's model card, with a note on what this folder is and how to use it."""
-    card_path = os.path.join(model_path, "README.md")
-    card = Path(card_path).read_text(encoding="utf-8") if os.path.isfile(card_path) else ""
-    note = (
-        f"\n## CTranslate2 export ({quantization})\n\n"
-        f"This folder is the model above converted for [CTranslate2](https://github.com/OpenNMT/CTranslate2) "
-        f"with weights in {quantization} (`vanilla-export-ctranslate2 --quantization {quantization}`). Translate "
-        "with `vanilla-translate --model <this folder>`, or with "
-        "`ctranslate2.Translator` on the tokens of the tokenizer stored here (beam 4, length penalty 0.6, at most "
-        "the source length + 50 tokens, as `generation_config.json` records).\n"
-    )
-    with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as file:
-        file.write(card + note)
+def write_card(model_path: str, folder: str, quantization: str, model_id: str) -> None:
+    """The source's card with this folder's "How to use", its decoding read from the generation config copied."""
+    with open(os.path.join(folder, "generation_config.json"), encoding="utf-8") as file:
+        generation = json.load(file)
+    write_export_card(model_path, folder, model_id, "ctranslate2", ["ctranslate2"], usage(generation, quantization))
+
+
+def usage(generation: dict, quantization: str) -> Callable[[str, str], str]:
+    """The card's "How to use" for a CTranslate2 export in `quantization` decoding with `generation` (its
+    generation config's settings)."""
+    beams, penalty = generation.get("num_beams", 1), generation.get("length_penalty", 1.0)
+    margin = generation.get(SOURCE_LENGTH_LIMIT)
+    limit = f"the source length + {margin} tokens" if margin is not None else f"{generation['max_length']} tokens"
+    decoding_length = f"len(source) + {margin}" if margin is not None else str(generation["max_length"])
+
+    def section(model_id: str, example: str) -> str:
+        return f"""## How to use
+
+This folder is the model above converted for [CTranslate2](https://github.com/OpenNMT/CTranslate2), with weights
+in {quantization} (`vanilla-export-ctranslate2 --quantization {quantization}`); transformers cannot load it. With
+hf-vanilla-transformer installed (its `[fast]` extra), translate a file, one sentence a line:
+
+```bash
+vanilla-translate --model {model_id} --input sentences.txt --output translations.txt
+```
+
+or call CTranslate2 on the tokens of the tokenizer stored here:
+
+```python
+import ctranslate2
+from transformers import PreTrainedTokenizerFast
+
+tokenizer = PreTrainedTokenizerFast.from_pretrained("{model_id}")
+translator = ctranslate2.Translator("{model_id}")
+source = tokenizer.convert_ids_to_tokens(tokenizer("{example}")["input_ids"])
+result = translator.translate_batch(
+    [source], beam_size={beams}, length_penalty={penalty}, max_decoding_length={decoding_length}
+)
+print(tokenizer.decode(tokenizer.convert_tokens_to_ids(result[0].hypotheses[0]), skip_special_tokens=True))
+```
+
+Both decode as `generation_config.json` says: beam size {beams}, length penalty {penalty}, at most {limit}.
+"""
+
+    return section
 
 
 def _converter_class():

@@ -6,13 +6,16 @@ The metadata (languages, license, tags, datasets, metrics and a `model-index` wi
 
 import math
 import os
+import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 from huggingface_hub.utils import filter_repo_objects
 
-from .modeling_vanilla_transformer import paper_generation_config
+from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT, paper_generation_config
 from .training import paper_learning_rate
 
 # The template is the repository's top-level model_card.md; the package carries a link to it.
@@ -65,6 +68,7 @@ def render_model_card(
         pipeline_tag="translation",
         model_name=model_id,
         eval_results=eval_results or None,
+        widget=[{"text": example_source}] if example_source else None,  # the Hub's example input
     )
     config = model.config
     signatures = next(
@@ -90,6 +94,7 @@ def render_model_card(
         training=list(training.items()),
         num_beams=model.generation_config.num_beams,
         length_penalty=model.generation_config.length_penalty,
+        source_length_margin=getattr(model.generation_config, SOURCE_LENGTH_LIMIT, None),
         paper_decoding=paper_generation_config(model.config),
         results=[
             {"split": split, "samples": s.get("samples", ""), "bleu": f"{s['bleu']:.2f}", "chrf": f"{s['chrf']:.2f}"}
@@ -100,6 +105,45 @@ def render_model_card(
         example_translation=example_translation.replace('"', '\\"'),
         attention_picture=attention_picture,
     )
+
+
+def write_export_card(
+    model_path: str,
+    folder: str,
+    model_id: str,
+    library_name: str,
+    tags: list[str],
+    usage: Callable[[str, str], str],
+) -> None:
+    """The card (README.md) of `folder`, an export of `model_path`: the source folder's card (its model, training
+    and scores), with the export's `library_name` and tags, and its "How to use" section replaced by
+    `usage(model_id, example_source)`, the example being the card's `widget` sentence. The pictures the card shows
+    are copied with it."""
+    card_path = os.path.join(model_path, "README.md")
+    card = ModelCard.load(card_path) if os.path.isfile(card_path) else ModelCard(f"---\n---\n\n# {model_id}\n")
+    card.data.library_name = library_name
+    card.data.tags = [*(card.data.tags or []), *tags]
+    widget = card.data.to_dict().get("widget") or [{}]
+    section = usage(model_id, widget[0].get("text", "..."))
+    card.text = replace_section(card.text, "How to use", section)
+    card.save(os.path.join(folder, "README.md"))
+    for picture in LOCAL_PICTURE.findall(card.text):
+        if os.path.isfile(os.path.join(model_path, picture)):
+            shutil.copy(os.path.join(model_path, picture), folder)
+
+
+LOCAL_PICTURE = re.compile(r"!\[[^\]]*\]\((?![a-z]+:)([^)/]+)\)")  # ![...](name.png), in the card's folder
+
+
+def replace_section(text: str, title: str, section: str) -> str:
+    """`text` (Markdown) with its `## title` section, up to the next `## ` heading, replaced by `section` (or with
+    `section` appended where there is none)."""
+    start = text.find(f"\n## {title}\n")
+    if start < 0:
+        return f"{text.rstrip()}\n\n{section.strip()}\n"
+    end = text.find("\n## ", start + 1)
+    rest = "" if end < 0 else text[end:]
+    return f"{text[: start + 1]}{section.strip()}\n{rest}"
 
 
 def training_table(

@@ -35,7 +35,7 @@ def test_the_folder_carries_tokenizer_decoding_defaults_and_card(trained_run, ex
     assert decoding == (4, 0.6, 50)  # the paper's
     with open(f"{folder}/README.md", encoding="utf-8") as file:
         card = file.read()
-    assert card.startswith("---") and "## CTranslate2 export (int8)" in card
+    assert card.startswith("---") and "library_name: ctranslate2" in card and "weights\nin int8" in card
 
 
 def pytorch_translations(model, tokenizer, sources, **generate_kwargs):

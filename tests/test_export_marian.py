@@ -1,0 +1,145 @@
+"""hf_vanilla_transformer.export_marian: our model as transformers' own MarianMTModel computes what ours does, and its
+folder loads with plain transformers."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, MarianMTModel
+
+from helpers import letter_tokenizer, run_python, tiny_model
+from hf_vanilla_transformer.export_marian import export, marian_feature_order, marian_model
+from hf_vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
+
+# decoding without the per-sentence limit, which Marian does not have, so that an untrained model's endless
+# translations stop at the same place in both
+DECODING = {"max_new_tokens": 12, "max_new_tokens_over_source": None}
+
+
+def test_the_permutation_turns_our_sinusoids_into_marians():
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    ours = VanillaTransformerSinusoidalPositionalEncoding.compute_encoding(50, 32)
+    marian = MarianSinusoidalPositionalEmbedding(50, 32).create_weight()
+    torch.testing.assert_close(ours[:, marian_feature_order(32)], marian, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"tie_word_embeddings": False}, {"activation_function": "gelu", "scale_embedding": False}],
+    ids=["tied", "untied", "gelu-unscaled"],
+)
+def test_the_marian_model_computes_our_logits(padded_batch, overrides):
+    """Random weights (every one matters), 4 encoder heads and 2 decoder heads, padding in the batch."""
+    model = tiny_model(**overrides)
+    with torch.no_grad():
+        model.model.encoder.layers[0].feed_forward.fc2.bias.normal_()  # biases are zero after initialisation
+        model.model.decoder.layers[1].self_attn_layer_norm.bias.normal_()
+        ours = model(**padded_batch).logits
+        theirs = marian_model(model)(**padded_batch).logits
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def exported_pair(tmp_path_factory):
+    """A tiny model folder of ours and its Marian export."""
+    folder = tmp_path_factory.mktemp("export")
+    model = tiny_model(vocab_size=14)
+    model.save_pretrained(folder / "ours")
+    letter_tokenizer().save_pretrained(folder / "ours")
+    export(str(folder / "ours"), str(folder / "marian"))
+    return folder / "ours", folder / "marian"
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_export_decodes_as_ours_greedy_and_beam(exported_pair, num_beams):
+    ours_folder, marian_folder = exported_pair
+    ours, marian = (AutoModelForSeq2SeqLM.from_pretrained(folder) for folder in exported_pair)
+    assert isinstance(marian, MarianMTModel)
+    batch = letter_tokenizer()(["a b c d e f", "j i h", "b"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected = ours.generate(**batch, num_beams=num_beams, **DECODING)
+        generated = marian.generate(**batch, num_beams=num_beams, max_new_tokens=12)
+    assert generated.tolist() == expected.tolist()
+
+
+def test_the_folder_carries_config_decoding_tokenizer_and_card(exported_pair):
+    ours_folder, marian_folder = exported_pair
+    config = json.loads((marian_folder / "config.json").read_text())
+    assert config["model_type"] == "marian" and config["architectures"] == ["MarianMTModel"]
+    assert "auto_map" not in config and "custom_pipelines" not in config
+    assert not list(marian_folder.glob("*.py"))  # no code travels
+    expected = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 0,
+                "scale_embedding": True, "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
+                "activation_function": "relu", "encoder_attention_heads": 4, "decoder_attention_heads": 2,
+                "forced_eos_token_id": None}  # fmt: skip
+    assert {key: config[key] for key in expected} == expected
+    generation = json.loads((marian_folder / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_length"]) == (4, 0.6, 128)
+    assert "max_new_tokens_over_source" not in generation  # Marian's generate() would ignore it
+    card = (marian_folder / "README.md").read_text()
+    assert "library_name: transformers" in card and "- marian" in card
+    assert "source length + 50 tokens" in card and "`max_length`" in card  # what does not carry over, said
+
+
+def test_the_folder_loads_with_plain_transformers_no_prompt_no_warning(exported_pair, tmp_path):
+    """In a Python where `import hf_vanilla_transformer` fails, with standard input closed (a prompt fails)."""
+    ours_folder, marian_folder = exported_pair
+    code = f"""
+        import torch, transformers
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
+        transformers.logging.set_verbosity_warning()
+        tokenizer = AutoTokenizer.from_pretrained({str(marian_folder)!r})
+        for model in (MarianMTModel.from_pretrained({str(marian_folder)!r}),
+                      AutoModelForSeq2SeqLM.from_pretrained({str(marian_folder)!r})):
+            batch = tokenizer(["a b c", "d"], return_tensors="pt", padding=True)
+            print(type(model).__name__, model.generate(**batch).tolist())  # the generation config's decoding
+    """
+    result = run_python(code, tmp_path / "home")
+    ours = AutoModelForSeq2SeqLM.from_pretrained(ours_folder)
+    batch = letter_tokenizer()(["a b c", "d"], return_tensors="pt", padding=True)
+    expected = ours.generate(**batch, max_new_tokens_over_source=None).tolist()  # beam 4, to max_length
+    assert result.stdout.splitlines() == [f"MarianMTModel {expected}"] * 2
+    messages = [line for line in result.stderr.splitlines() if line.strip() and "Loading weights" not in line]
+    assert not messages, result.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"layer_norm_position": "pre"}, r"layer_norm_position='pre', but Marian's layers are post-LN"),
+        ({"position_embedding_type": "learned"}, r"position_embedding_type='learned', but Marian's positions are"),
+        ({"head_dim": 16}, r"encoder_attention_heads=4, but with head_dim=16, v_head_dim=None: Marian's heads are"),
+        ({"layer_norm_eps": 1e-6}, r"layer_norm_eps=1e-06, but Marian's LayerNorms use 1e-05"),
+    ],
+)
+def test_what_marian_cannot_run_is_refused_in_one_line_and_nothing_is_written(tmp_path, overrides, message):
+    tiny_model(vocab_size=14, **overrides).save_pretrained(tmp_path / "variant")
+    letter_tokenizer().save_pretrained(tmp_path / "variant")
+    with pytest.raises(ValueError, match=rf"variant/config.json: {message}.*; cannot export to Marian$"):
+        export(str(tmp_path / "variant"), str(tmp_path / "out"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["variant"]
+
+
+def test_the_command_and_python_m_export_and_report_bad_input_in_one_line(exported_pair, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from hf_vanilla_transformer.commands import export_marian_main
+
+    ours_folder, _ = exported_pair
+    export_marian_main(["--model", str(ours_folder), "--output_dir", str(tmp_path / "marian")])
+    assert capsys.readouterr().out == f"Wrote a MarianMTModel to {tmp_path / 'marian'}\n"
+    assert json.loads((tmp_path / "marian" / "config.json").read_text())["model_type"] == "marian"
+    with pytest.raises(SystemExit) as exit_info:
+        export_marian_main(["--model", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "out")])
+    assert str(exit_info.value.code) == f"vanilla-export-marian: error: {tmp_path / 'nothing'}: not a model folder (no config.json)"
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_vanilla_transformer.export_marian", "--model", str(ours_folder),
+         "--output_dir", str(tmp_path / "marian")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        f"vanilla-export-marian: error: output_dir {tmp_path / 'marian'} exists and is not empty; add "
+        "overwrite_output_dir to replace it"
+    )
