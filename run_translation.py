@@ -32,7 +32,7 @@ from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerF
 from hf_vanilla_transformer.commands import FlagParser, expand_recipe, parse_config_overrides
 from hf_vanilla_transformer.data import load_translation_split
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
-from hf_vanilla_transformer.hub import push_model_folder, render_model_card, training_table
+from hf_vanilla_transformer.hub import check_hub_login, push_model_folder, render_model_card, training_table
 from hf_vanilla_transformer.loading import load_model, load_tokenizer, one_line
 from hf_vanilla_transformer.metrics import (
     bleu_and_chrf_against,
@@ -210,6 +210,8 @@ def prepare(model_args, data_args, training_args) -> Run:
         raise ValueError("a new model must be trained: give --do_train or --model_name_or_path")
     if training_args.push_to_hub and not training_args.hub_model_id:
         raise ValueError("--push_to_hub needs --hub_model_id (for example your-name/multi30k-en-de)")
+    if training_args.push_to_hub:
+        check_hub_login(training_args.hub_token)  # now, not after training
     sacrebleu_bleu(bleu_tokenization(data_args.target_lang, data_args.bleu_tokenize))  # fails now, not after training
     set_seed(training_args.seed)
 

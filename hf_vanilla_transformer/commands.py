@@ -1,7 +1,8 @@
 """The package's command lines, in one place: the console scripts `vanilla-translate`, `vanilla-attention`,
-`vanilla-export-ctranslate2` and `vanilla-export-marian` (setup.cfg), each a thin shell over a library module
-(translate.py, visualize.py, export_ctranslate2.py, export_marian.py), and what the top-level scripts `run_translation.py` and `train_bpe.py` share: a flag parser
-whose errors are one line, recipe files (expanded to flags, which the parser then checks) and `--config_overrides`.
+`vanilla-export-ctranslate2`, `vanilla-export-marian` and `vanilla-push-to-hub` (setup.cfg), each a thin shell over
+a library module (translate.py, visualize.py, export_ctranslate2.py, export_marian.py, hub.py), and what the
+top-level scripts `run_translation.py` and `train_bpe.py` share: a flag parser whose errors are one line, recipe
+files (expanded to flags, which the parser then checks) and `--config_overrides`.
 
 Library functions raise plain exceptions that name their own parameters; each command reports them in its own
 name, in one line, with a non-zero exit.
@@ -246,3 +247,28 @@ def export_marian_main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError) as error:
         sys.exit(f"{parser.prog}: error: {error}")
     print(f"Wrote a MarianMTModel to {args.output_dir}")
+
+
+def push_to_hub_main(argv: list[str] | None = None) -> None:
+    """vanilla-push-to-hub: upload a finished model folder, ours or an export, to the Hub in one commit (hub.py)."""
+    from .hub import check_hub_login, push_model_folder
+
+    parser = argparse.ArgumentParser(
+        prog="vanilla-push-to-hub",
+        description="Upload a finished model folder (from run_translation.py, vanilla-export-ctranslate2 or "
+        "vanilla-export-marian) to a Hugging Face Hub repository in one commit, checkpoints and trainer state left "
+        "out; the card's code then names the repository.",
+    )
+    parser.add_argument("--model", required=True, help="The model folder to upload.")
+    parser.add_argument("--repo_id", required=True, help="The repository, for example your-name/multi30k-en-de.")
+    parser.add_argument("--private", action="store_true", help="Create the repository private.")
+    parser.add_argument("--token", default=None, help="A Hub token (default: the saved login, `hf auth login`).")
+    args = parser.parse_args(argv)
+    try:
+        if not os.path.isfile(os.path.join(args.model, "config.json")):
+            raise ValueError(f"{args.model}: not a model folder (no config.json)")
+        check_hub_login(args.token)
+        url = push_model_folder(args.model, args.repo_id, token=args.token, private=args.private or None)
+    except (OSError, ValueError) as error:
+        sys.exit(f"{parser.prog}: error: {one_line(error)}")
+    print(f"Uploaded {args.model} to {url}")

@@ -72,7 +72,8 @@ def usage(generation: dict, quantization: str) -> Callable[[str, str], str]:
     beams, penalty = generation.get("num_beams", 1), generation.get("length_penalty", 1.0)
     margin = generation.get(SOURCE_LENGTH_LIMIT)
     limit = f"the source length + {margin} tokens" if margin is not None else f"{generation['max_length']} tokens"
-    decoding_length = f"len(source) + {margin}" if margin is not None else str(generation["max_length"])
+    positions = generation["max_length"]
+    decoding_length = f"min(len(source) + {margin}, {positions})" if margin is not None else str(positions)
 
     def section(model_id: str, example: str) -> str:
         return f"""## How to use

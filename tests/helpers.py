@@ -146,7 +146,8 @@ def run_with_peak_rss(command: list[str]) -> tuple[int, str, int]:
 
 @contextmanager
 def intercepted_hub(commits: list):
-    """huggingface_hub with the network calls of an upload replaced: the commit is recorded, not sent.
+    """huggingface_hub with the network calls of an upload (and of the login check before it) replaced: the commit
+    is recorded, not sent.
 
     The Hub checks a README's metadata server-side (`/api/validate-yaml`); here it is parsed by huggingface_hub's
     own `ModelCard`, which raises on YAML or `model-index` it cannot read.
@@ -172,6 +173,7 @@ def intercepted_hub(commits: list):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(HfApi, "create_repo", create_repo)
         patch.setattr(HfApi, "create_commit", create_commit)
+        patch.setattr(HfApi, "whoami", lambda self, *args, **kwargs: {"name": "someone"})
         patch.setattr(HfApi, "_validate_yaml", lambda self, content, **kwargs: ModelCard(content))
         yield
 

@@ -44,7 +44,7 @@ def test_the_marian_model_computes_our_logits(padded_batch, overrides):
 def exported_pair(tmp_path_factory):
     """A tiny model folder of ours and its Marian export."""
     folder = tmp_path_factory.mktemp("export")
-    model = tiny_model(vocab_size=14)
+    model = tiny_model(vocab_size=14, max_position_embeddings=24)  # an untrained model's translations end soon
     model.save_pretrained(folder / "ours")
     letter_tokenizer().save_pretrained(folder / "ours")
     export(str(folder / "ours"), str(folder / "marian"))
@@ -53,7 +53,6 @@ def exported_pair(tmp_path_factory):
 
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_the_export_decodes_as_ours_greedy_and_beam(exported_pair, num_beams):
-    ours_folder, marian_folder = exported_pair
     ours, marian = (AutoModelForSeq2SeqLM.from_pretrained(folder) for folder in exported_pair)
     assert isinstance(marian, MarianMTModel)
     batch = letter_tokenizer()(["a b c d e f", "j i h", "b"], return_tensors="pt", padding=True)
@@ -64,7 +63,7 @@ def test_the_export_decodes_as_ours_greedy_and_beam(exported_pair, num_beams):
 
 
 def test_the_folder_carries_config_decoding_tokenizer_and_card(exported_pair):
-    ours_folder, marian_folder = exported_pair
+    _, marian_folder = exported_pair
     config = json.loads((marian_folder / "config.json").read_text())
     assert config["model_type"] == "marian" and config["architectures"] == ["MarianMTModel"]
     assert "auto_map" not in config and "custom_pipelines" not in config
@@ -75,31 +74,31 @@ def test_the_folder_carries_config_decoding_tokenizer_and_card(exported_pair):
                 "forced_eos_token_id": None}  # fmt: skip
     assert {key: config[key] for key in expected} == expected
     generation = json.loads((marian_folder / "generation_config.json").read_text())
-    assert (generation["num_beams"], generation["length_penalty"], generation["max_length"]) == (4, 0.6, 128)
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_length"]) == (4, 0.6, 24)
     assert "max_new_tokens_over_source" not in generation  # Marian's generate() would ignore it
     card = (marian_folder / "README.md").read_text()
     assert "library_name: transformers" in card and "- marian" in card
     assert "source length + 50 tokens" in card and "`max_length`" in card  # what does not carry over, said
 
 
-def test_the_folder_loads_with_plain_transformers_no_prompt_no_warning(exported_pair, tmp_path):
-    """In a Python where `import hf_vanilla_transformer` fails, with standard input closed (a prompt fails)."""
+def test_the_cards_code_runs_with_plain_transformers_no_prompt_no_warning(exported_pair, tmp_path):
+    """The card's code, then MarianMTModel, in a Python where `import hf_vanilla_transformer` fails, with standard
+    input closed (a prompt would fail): the translation is ours, and nothing but progress bars is printed."""
+    from huggingface_hub import ModelCard
+
     ours_folder, marian_folder = exported_pair
-    code = f"""
-        import torch, transformers
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianMTModel
-        transformers.logging.set_verbosity_warning()
-        tokenizer = AutoTokenizer.from_pretrained({str(marian_folder)!r})
-        for model in (MarianMTModel.from_pretrained({str(marian_folder)!r}),
-                      AutoModelForSeq2SeqLM.from_pretrained({str(marian_folder)!r})):
-            batch = tokenizer(["a b c", "d"], return_tensors="pt", padding=True)
-            print(type(model).__name__, model.generate(**batch).tolist())  # the generation config's decoding
-    """
-    result = run_python(code, tmp_path / "home")
+    card = ModelCard.load(marian_folder / "README.md").text
+    code = card.split("```python\n", 1)[1].split("```", 1)[0]
+    code += f"print(type(MarianMTModel.from_pretrained({str(marian_folder)!r})).__name__)\n"
+    result = run_python("from transformers import MarianMTModel\n" + code, tmp_path / "home")
     ours = AutoModelForSeq2SeqLM.from_pretrained(ours_folder)
-    batch = letter_tokenizer()(["a b c", "d"], return_tensors="pt", padding=True)
-    expected = ours.generate(**batch, max_new_tokens_over_source=None).tolist()  # beam 4, to max_length
-    assert result.stdout.splitlines() == [f"MarianMTModel {expected}"] * 2
+    tokenizer = letter_tokenizer()
+    example = code.split('tokenizer(["', 1)[1].split('"]', 1)[0]
+    expected = ours.generate(**tokenizer([example], return_tensors="pt"), max_new_tokens_over_source=None)
+    assert result.stdout.splitlines() == [
+        str(tokenizer.batch_decode(expected, skip_special_tokens=True)),
+        "MarianMTModel",
+    ]
     messages = [line for line in result.stderr.splitlines() if line.strip() and "Loading weights" not in line]
     assert not messages, result.stderr
 
@@ -122,7 +121,7 @@ def test_what_marian_cannot_run_is_refused_in_one_line_and_nothing_is_written(tm
 
 
 def test_the_command_and_python_m_export_and_report_bad_input_in_one_line(exported_pair, tmp_path, capsys):
-    import subprocess
+    import runpy
     import sys
 
     from hf_vanilla_transformer.commands import export_marian_main
@@ -133,13 +132,16 @@ def test_the_command_and_python_m_export_and_report_bad_input_in_one_line(export
     assert json.loads((tmp_path / "marian" / "config.json").read_text())["model_type"] == "marian"
     with pytest.raises(SystemExit) as exit_info:
         export_marian_main(["--model", str(tmp_path / "nothing"), "--output_dir", str(tmp_path / "out")])
-    assert str(exit_info.value.code) == f"vanilla-export-marian: error: {tmp_path / 'nothing'}: not a model folder (no config.json)"
-    result = subprocess.run(
-        [sys.executable, "-m", "hf_vanilla_transformer.export_marian", "--model", str(ours_folder),
-         "--output_dir", str(tmp_path / "marian")],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+    assert (
+        str(exit_info.value.code)
+        == f"vanilla-export-marian: error: {tmp_path / 'nothing'}: not a model folder (no config.json)"
+    )
+    sys_argv = ["export_marian", "--model", str(ours_folder), "--output_dir", str(tmp_path / "marian")]
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_info:
+        patch.setattr(sys, "argv", sys_argv)
+        patch.delitem(sys.modules, "hf_vanilla_transformer.export_marian", raising=False)  # as in a new Python
+        runpy.run_module("hf_vanilla_transformer.export_marian", run_name="__main__")  # python -m
+    assert str(exit_info.value.code) == (
         f"vanilla-export-marian: error: output_dir {tmp_path / 'marian'} exists and is not empty; add "
         "overwrite_output_dir to replace it"
     )

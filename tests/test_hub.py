@@ -2,11 +2,22 @@
 tokenizer and the card's code from a folder or a Hub snapshot."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from huggingface_hub import ModelCard
 
-from helpers import SENTENCES, generate_text, hub_snapshot, intercepted_hub, run_python
+from helpers import (
+    SENTENCES,
+    generate_text,
+    hub_snapshot,
+    intercepted_hub,
+    letter_tokenizer,
+    run_python,
+    tiny_model,
+    write_lines,
+)
 from hf_vanilla_transformer.hub import training_table
 from hf_vanilla_transformer.training import TranslationTrainingArguments, paper_learning_rate
 
@@ -145,3 +156,97 @@ def test_the_training_table_names_equation_3_only_when_the_rate_came_from_it(tmp
         == "inverse_sqrt, peak 0.00101 (Equation 3 × 0.36), 500 warmup steps"
     )
     assert learning_rate_line(learning_rate=3e-4) == "inverse_sqrt, peak 0.0003, 500 warmup steps"
+
+
+@pytest.fixture
+def no_login(tmp_path, monkeypatch):
+    """No saved login and no HF_TOKEN: huggingface_hub finds no token (its real lookup)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "home" / "token"))
+
+
+@pytest.mark.parametrize(
+    "hub, message",
+    [
+        ("offline", r"\(Token is required to call the /whoami-v2 endpoint, but no token found\."),
+        ("unreachable", r"\(\[Errno 111\] Connection refused\)"),
+    ],
+)
+def test_push_to_hub_without_a_login_or_a_hub_stops_before_training(tmp_path, no_login, monkeypatch, hub, message):
+    import run_translation
+
+    flags = []
+    if hub == "unreachable":  # a token, but the Hub's address refuses connections: huggingface_hub's real request
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+        monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
+        flags = ["--hub_token", "hf_not_a_token"]
+    train = write_lines(tmp_path / "train.jsonl", ['{"translation": {"en": "A cat.", "de": "Eine Katze."}}'] * 20)
+    output = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        run_translation.main(["--train_file", train, "--do_train", "--output_dir", str(output), "--report_to", "none",
+                              "--push_to_hub", "true", "--hub_model_id", "someone/model", *flags])  # fmt: skip
+    error = str(exit_info.value.code)
+    assert error.startswith("run_translation.py: error: cannot push to the Hugging Face Hub (") and "\n" not in error
+    assert re.search(message, error) and error.endswith("or push the finished folder later with vanilla-push-to-hub")
+    assert not output.exists()
+
+
+@pytest.fixture(scope="module")
+def finished_folders(tmp_path_factory) -> dict[str, Path]:
+    """A tiny model folder of ours with checkpoints, trainer state and a card, and its Marian and CTranslate2
+    exports."""
+    from hf_vanilla_transformer.export_ctranslate2 import export as export_ctranslate2
+    from hf_vanilla_transformer.export_marian import export as export_marian
+    from hf_vanilla_transformer.hub import render_model_card
+
+    root = tmp_path_factory.mktemp("finished")
+    model = tiny_model(vocab_size=14, decoder_attention_heads=4, max_position_embeddings=24)
+    ours = root / "tiny-en-de"
+    model.save_pretrained(ours)
+    model.save_pretrained(ours / "checkpoint-5")
+    letter_tokenizer().save_pretrained(ours)
+    (ours / "training_args.bin").write_bytes(b"not uploaded")
+    results = {"test": {"bleu": 1.0, "chrf": 2.0}}
+    card = render_model_card(model, model_id="tiny-en-de", source_lang="en", target_lang="de", results=results,
+                             training={}, example_source="a b")  # fmt: skip
+    card.save(ours / "README.md")
+    return {
+        "ours": ours,
+        "marian": Path(export_marian(str(ours), str(root / "tiny-marian"))),
+        "ctranslate2": Path(export_ctranslate2(str(ours), str(root / "tiny-ct2"))),
+    }
+
+
+@pytest.mark.parametrize("kind", ["ours", "marian", "ctranslate2"])
+def test_vanilla_push_to_hub_uploads_a_finished_folder_in_one_commit(finished_folders, kind, capsys):
+    from hf_vanilla_transformer.commands import push_to_hub_main
+
+    folder = finished_folders[kind]
+    commits = []
+    with intercepted_hub(commits):
+        push_to_hub_main(["--model", str(folder), "--repo_id", "someone/tiny"])
+    assert capsys.readouterr().out == f"Uploaded {folder} to https://huggingface.co/someone/tiny/commit/{'0' * 40}\n"
+    ((repo_id, files),) = commits
+    expected = {path.name for path in folder.iterdir() if path.is_file()} - {"training_args.bin"}
+    assert repo_id == "someone/tiny" and set(files) == expected  # no checkpoint, no trainer arguments
+    for name in expected - {"README.md"}:
+        assert files[name] == (folder / name).read_bytes()
+    card = ModelCard(files["README.md"].decode())
+    assert card.data.model_name == "someone/tiny"
+    local_name = ModelCard.load(folder / "README.md").data.model_name
+    code = card.text.split("## How to use", 1)[1]
+    assert '"someone/tiny"' in code and f'"{local_name}"' not in code  # the card's code loads the repository
+
+
+def test_vanilla_push_to_hub_without_a_login_or_a_folder_is_one_line(finished_folders, tmp_path, no_login):
+    from hf_vanilla_transformer.commands import push_to_hub_main
+
+    cases = [
+        (finished_folders["marian"], "cannot push to the Hugging Face Hub (Token is required"),
+        (tmp_path / "nothing", f"{tmp_path / 'nothing'}: not a model folder (no config.json)"),
+    ]
+    for folder, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            push_to_hub_main(["--model", str(folder), "--repo_id", "someone/tiny"])
+        assert str(exit_info.value.code).startswith(f"vanilla-push-to-hub: error: {message}")

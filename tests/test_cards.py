@@ -1,0 +1,113 @@
+"""Each model card's claims, read back against its folder's files: the library, the decoding, and the code, which
+runs as written (where the card says it needs no package of ours, in a Python where it cannot be imported)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from transformers import AutoModelForSeq2SeqLM
+
+from helpers import letter_tokenizer, tiny_model
+from hf_vanilla_transformer.hub import render_model_card
+
+EXAMPLE = "a b c"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict:
+    """A tiny model folder of ours with its card (decoding beam 3, length penalty 1.0: not the paper's), and its
+    CTranslate2 and Marian exports."""
+    from hf_vanilla_transformer.export_ctranslate2 import export as export_ctranslate2
+    from hf_vanilla_transformer.export_marian import export as export_marian
+
+    root = tmp_path_factory.mktemp("cards")
+    # one head count, as CTranslate2 needs; 24 positions, so that the untrained model's translations end soon
+    model = tiny_model(vocab_size=14, decoder_attention_heads=4, max_position_embeddings=24)
+    model.generation_config.update(num_beams=3, length_penalty=1.0)
+    ours = root / "ours"
+    model.save_pretrained(ours)
+    letter_tokenizer().save_pretrained(ours)
+    results = {"test": {"bleu": 1.5, "chrf": 20.0, "samples": 3}}
+    card = render_model_card(model, model_id=str(ours), source_lang="en", target_lang="de", results=results,
+                             training={"steps": 1}, example_source=EXAMPLE)  # fmt: skip
+    card.save(ours / "README.md")
+    return {
+        "ours": ours,
+        "ctranslate2": Path(export_ctranslate2(str(ours), str(root / "ct2"))),
+        "marian": Path(export_marian(str(ours), str(root / "marian"))),
+    }
+
+
+def how_to_use(card: ModelCard) -> str:
+    return card.text.split("## How to use", 1)[1].split("\n## ", 1)[0]
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+
+
+def our_translation(folder, **decoding) -> str:
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+    tokenizer = letter_tokenizer()
+    with torch.no_grad():
+        output = model.generate(**tokenizer([EXAMPLE], return_tensors="pt"), **decoding)
+    return str(tokenizer.batch_decode(output, skip_special_tokens=True))
+
+
+@pytest.mark.parametrize("kind, library", [("ours", "transformers"), ("ctranslate2", "ctranslate2"),
+                                           ("marian", "transformers")])  # fmt: skip
+def test_each_card_names_its_library_and_decodes_as_its_generation_config(folders, kind, library):
+    folder = folders[kind]
+    card = ModelCard.load(f"{folder}/README.md")
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert card.data.library_name == library
+    assert card.data.to_dict()["widget"] == [{"text": EXAMPLE}]
+    usage = " ".join(how_to_use(card).split())
+    beams, penalty = re.search(r"beam size (\d+), length penalty ([\d.]+)", usage).groups()
+    assert (int(beams), float(penalty)) == (generation["num_beams"], generation["length_penalty"]) == (3, 1.0)
+    limit = re.search(r"at most (the source length \+ (\d+) tokens|`max_length` = (\d+) tokens)", usage)
+    if "max_new_tokens_over_source" in generation:
+        assert int(limit[2]) == generation["max_new_tokens_over_source"]
+    else:
+        assert int(limit[3]) == generation["max_length"]
+    assert EXAMPLE in usage
+
+
+def run_code(code: str, capsys) -> str:
+    """What `code` prints last, run here. The Marian card's code also runs in a Python without our package
+    (test_export_marian.py), as does our card's model code (test_hub.py, on a trained model)."""
+    capsys.readouterr()
+    exec(code, {})
+    return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_the_ctranslate2_cards_code_translates_as_vanilla_translate(folders, capsys):
+    from hf_vanilla_transformer.translate import CTranslate2Translator
+
+    (code,) = python_blocks(how_to_use(ModelCard.load(f"{folders['ctranslate2']}/README.md")))
+    assert "hf_vanilla_transformer" not in code
+    assert (
+        run_code(code, capsys) == CTranslate2Translator(str(folders["ctranslate2"]), "cpu").translate([EXAMPLE], 1)[0]
+    )
+
+
+def test_our_cards_code_runs_and_the_pipeline_needs_what_the_card_says(folders, capsys):
+    from transformers import pipeline
+
+    import hf_vanilla_transformer
+
+    model_code, pipeline_code = python_blocks(how_to_use(ModelCard.load(f"{folders['ours']}/README.md")))
+    expected = our_translation(folders["ours"])
+    assert run_code(model_code, capsys) == expected
+    printed = run_code(pipeline_code, capsys)
+    assert printed == str([{"translation_text": eval(expected)[0]}])
+    # "the pipeline still asks for trust_remote_code unless given as pipeline_class=...": both halves true
+    with pytest.raises(ValueError, match="requires you to execute the code in the pipeline file"):
+        pipeline("translation", model=str(folders["ours"]))
+    translator = pipeline(
+        "translation", model=str(folders["ours"]), pipeline_class=hf_vanilla_transformer.TranslationPipeline
+    )
+    assert str(translator(EXAMPLE)) == printed
