@@ -29,7 +29,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.commands import FlagParser, expand_recipe, parse_config_overrides
+from hf_vanilla_transformer.commands import FlagParser, expand_recipe, flag_name, parse_config_overrides
 from hf_vanilla_transformer.data import load_translation_split
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
 from hf_vanilla_transformer.hub import check_hub_login, push_model_folder, render_model_card, training_table
@@ -84,7 +84,13 @@ class ModelArguments:
 class DataTrainingArguments:
     source_lang: str = field(default="en", metadata={"help": "Source language key of the translation rows."})
     target_lang: str = field(default="de", metadata={"help": "Target language key of the translation rows."})
-    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset (name or path)."})
+    dataset_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A `datasets` dataset, a Hub name or a local folder: its train, validation and test splits, "
+            "each unless given as a file. Rows hold a 'translation' column or a column a language."
+        },
+    )
     dataset_config_name: str | None = field(default=None, metadata={"help": "The dataset's configuration."})
     train_file: str | None = field(default=None, metadata={"help": "Translation JSON lines for training."})
     validation_file: str | None = field(default=None, metadata={"help": "Translation JSON lines for --do_eval."})
@@ -129,6 +135,9 @@ ARGUMENT_CLASSES = (ModelArguments, DataTrainingArguments, TranslationTrainingAr
 SPLITS = (("train", "train_file", "max_train_samples"), ("validation", "validation_file", "max_eval_samples"),
           ("test", "test_file", "max_predict_samples"))  # fmt: skip
 METRIC_PREFIXES = {"validation": "eval", "test": "predict"}
+# A split is read from its file when one is given, else from --dataset_name: a --dataset_name given after a recipe
+# replaces the recipe's files, so that `recipe.yaml --dataset_name bentrevett/multi30k` trains on the Hub's copy.
+REPLACED_AFTER_A_RECIPE = {"dataset_name": [file_flag for _, file_flag, _ in SPLITS]}
 LATEST = "latest"  # --resume_from_checkpoint latest: the newest complete checkpoint in --output_dir
 # Flags of transformers' examples/pytorch/translation/run_translation.py that this script does not take, and why
 STOCK_FLAGS_NOT_TAKEN = {
@@ -164,9 +173,9 @@ class Run:
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataTrainingArguments, TranslationTrainingArguments]:
     """Flags, or a recipe file (.yaml/.json) followed by flags that override it. A bare `--resume_from_checkpoint`
     means `--resume_from_checkpoint latest`."""
-    argv = expand_recipe(argv)
+    argv = expand_recipe(argv, REPLACED_AFTER_A_RECIPE)
     for flag in argv:
-        name = flag.removeprefix("--").partition("=")[0]
+        name = flag_name(flag)
         if flag.startswith("--") and name in STOCK_FLAGS_NOT_TAKEN:
             raise ValueError(
                 f"--{name} (a flag of transformers' example) is not taken here: {STOCK_FLAGS_NOT_TAKEN[name]}"

@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Collection
 
 import yaml
 from transformers import HfArgumentParser
@@ -35,10 +36,11 @@ class FlagParser(HfArgumentParser):
         raise ValueError(f"{message} (see --help)")
 
 
-def recipe_flags(recipe_file: str) -> list[str]:
+def recipe_flags(recipe_file: str, left_out: Collection[str] = ()) -> list[str]:
     """The command-line flags a recipe file (.yaml/.json mapping flag names to values) stands for: `name: value`
-    becomes `--name value`, a list one flag with several values, true/false `true`/`false`. A null value leaves
-    the flag at its default. The command's parser then checks the flags as it checks those typed."""
+    becomes `--name value`, a list one flag with several values, true/false `true`/`false`. A null value, or a
+    name in `left_out`, leaves the flag at its default. The command's parser then checks the flags as it checks
+    those typed."""
     try:
         with open(recipe_file, encoding="utf-8") as file:
             recipe = json.load(file) if recipe_file.endswith(".json") else yaml.safe_load(file)
@@ -52,7 +54,7 @@ def recipe_flags(recipe_file: str) -> list[str]:
     for name, value in recipe.items():
         if not (isinstance(name, str) and FLAG_NAME.fullmatch(name)):
             raise ValueError(f"{recipe_file}: {name!r} is not a flag name")
-        if value is None:
+        if value is None or name in left_out:
             continue
         values = value if isinstance(value, list) else [value]
         for one in values:
@@ -62,11 +64,21 @@ def recipe_flags(recipe_file: str) -> list[str]:
     return flags
 
 
-def expand_recipe(argv: list[str]) -> list[str]:
-    """`argv` with a leading recipe file replaced by its flags; flags after the recipe override it."""
+def expand_recipe(argv: list[str], replaces: dict[str, Collection[str]] | None = None) -> list[str]:
+    """`argv` with a leading recipe file replaced by its flags; flags after the recipe override it. `replaces` maps
+    a flag to the recipe's flags that it replaces when given after the recipe: those that would otherwise still
+    apply beside it."""
     if argv and argv[0].endswith(RECIPE_EXTENSIONS):
-        return [*recipe_flags(argv[0]), *argv[1:]]
+        replaces = replaces or {}
+        given = {flag_name(flag) for flag in argv[1:] if flag.startswith("--")}
+        left_out = {name for flag in given & replaces.keys() for name in replaces[flag]}
+        return [*recipe_flags(argv[0], left_out), *argv[1:]]
     return argv
+
+
+def flag_name(flag: str) -> str:
+    """The name of a command-line flag as its dataclass field spells it: `--max-steps=5` -> `max_steps`."""
+    return flag.removeprefix("--").partition("=")[0].replace("-", "_")
 
 
 def parse_config_overrides(config_overrides: str | None) -> dict:

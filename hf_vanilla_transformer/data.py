@@ -1,8 +1,10 @@
 """Reading translation data: Hugging Face translation JSON lines, plain text, or a `datasets` dataset.
 
 A translation row is `{"translation": {"en": "...", "de": "..."}}`, the format of transformers' translation
-examples. Every reader checks each row and raises `TranslationDataError` naming the file and line (or the dataset
-row) of the first bad one, so that a command fails with one clear line instead of a traceback.
+examples. A `datasets` dataset may also hold one column a language (`{"en": "...", "de": "..."}`), as some of the
+Hub's translation datasets do. Every reader checks each row and raises `TranslationDataError` naming the file and
+line (or the dataset, split and row) of the first bad one, so that a command fails with one clear line instead of a
+traceback.
 """
 
 import json
@@ -22,17 +24,37 @@ def translation_pair(row, where: str, source_lang: str, target_lang: str) -> tup
     translation = row.get("translation") if isinstance(row, dict) else None
     if not isinstance(translation, dict):
         raise TranslationDataError(f'{where}: expected an object with a "translation" object, got {_shorten(row)}')
+    return sentence_pair(translation, where, source_lang, target_lang, holder="the translation")
+
+
+def sentence_pair(sentences: dict, where: str, source_lang: str, target_lang: str, holder: str) -> tuple[str, str]:
+    """The (source, target) sentences of a mapping from language to sentence, checked; `holder` names the mapping
+    in errors."""
     for lang in (source_lang, target_lang):
-        if lang not in translation:
-            languages = ", ".join(map(repr, translation)) or "none"
-            raise TranslationDataError(f"{where}: the translation has no {lang!r} sentence (it has {languages})")
-        sentence = translation[lang]
+        sentence = sentences.get(lang)
+        if sentence is None:  # no such key, or null: `datasets` fills in null for a language that a row lacks
+            languages = ", ".join(repr(key) for key, value in sentences.items() if value is not None) or "none"
+            raise TranslationDataError(f"{where}: {holder} has no {lang!r} sentence (it has {languages})")
         if not isinstance(sentence, str):
             raise TranslationDataError(f"{where}: the {lang!r} sentence is not a string: {_shorten(sentence)}")
         if not sentence.strip():
             raise TranslationDataError(f"{where}: the {lang!r} sentence is empty")
         _check_encodable(sentence, f"{where}: the {lang!r} sentence")
-    return translation[source_lang], translation[target_lang]
+    return sentences[source_lang], sentences[target_lang]
+
+
+def dataset_row_pair(row: dict, where: str, source_lang: str, target_lang: str) -> tuple[str, str]:
+    """The (source, target) sentences of a `datasets` row in either layout of the Hub's translation datasets: a
+    `translation` column of {language: sentence} (wmt14, opus-100) or a column a language (bentrevett/multi30k)."""
+    if "translation" in row:
+        return translation_pair(row, where, source_lang, target_lang)
+    for lang in (source_lang, target_lang):
+        if lang not in row:
+            columns = ", ".join(map(repr, row)) or "none"
+            raise TranslationDataError(
+                f"{where}: neither a 'translation' column nor a column named {lang!r} (the columns are {columns})"
+            )
+    return sentence_pair(row, where, source_lang, target_lang, holder="the row")
 
 
 def read_translation_file(path: str, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
@@ -62,15 +84,20 @@ def read_text_file(path: str) -> Iterator[str]:
 def read_dataset(
     dataset_name: str, dataset_config_name: str | None, split: str, source_lang: str, target_lang: str
 ) -> Iterator[tuple[str, str]]:
-    """(source, target) pairs of a `datasets` dataset (a Hub name, or a local folder or script)."""
+    """(source, target) pairs of one split of a `datasets` dataset: whatever `datasets.load_dataset` loads, a Hub
+    name or a local folder (data files such as train.jsonl/validation.jsonl/test.jsonl or parquet, or a folder that
+    `save_to_disk` wrote), in either layout `dataset_row_pair` reads."""
     import datasets
 
+    config = "" if dataset_config_name is None else f" (config {dataset_config_name})"
+    where = f"{dataset_name}{config}[{split}]"
     try:
         dataset = datasets.load_dataset(dataset_name, dataset_config_name, split=split)
-    except (FileNotFoundError, ValueError, ConnectionError) as error:
-        raise TranslationDataError(f"dataset_name {dataset_name}: cannot load it ({error})") from None
+    except (FileNotFoundError, ValueError, ConnectionError, RuntimeError) as error:
+        # RuntimeError: a dataset with a loading script, which `datasets` 4 and later no longer run
+        raise TranslationDataError(f"dataset_name {where}: cannot load it ({error})") from None
     for index, row in enumerate(dataset):
-        yield translation_pair(row, f"{dataset_name}[{split}] row {index}", source_lang, target_lang)
+        yield dataset_row_pair(row, f"{where} row {index}", source_lang, target_lang)
 
 
 def load_translation_split(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
+from datasets import Dataset, DatasetDict
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -227,6 +227,31 @@ def headless_chromium(width: int = 1280, height: int = 1600, timeout: float = 90
 def write_lines(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return str(path)
+
+
+# The two layouts of the Hub's translation datasets, each making a row of an English and a German sentence
+HUB_LAYOUTS = {
+    "translation column": lambda en, de: {"translation": {"en": en, "de": de}},  # wmt14, Helsinki-NLP/opus-100
+    "language columns": lambda en, de: {"en": en, "de": de},  # bentrevett/multi30k
+}
+
+
+def write_dataset(folder, splits: dict[str, list[dict]], form: str = "jsonl") -> str:
+    """`splits` (rows a split) as a local folder that `datasets.load_dataset(folder)` reads: JSON lines or parquet
+    files named as bentrevett/multi30k names them (val.jsonl holds the validation split), or `save_to_disk`'s
+    folder."""
+    tables = {split: Dataset.from_list(rows) for split, rows in splits.items()}
+    if form == "saved":
+        DatasetDict(tables).save_to_disk(folder)
+        return str(folder)
+    folder.mkdir()
+    for split, rows in splits.items():
+        name = folder / ("val" if split == "validation" else split)
+        if form == "jsonl":
+            write_lines(name.with_suffix(".jsonl"), [json.dumps(row) for row in rows])
+        else:
+            tables[split].to_parquet(name.with_suffix(".parquet"))
+    return str(folder)
 
 
 # Hostile input, for the property tests of every reader (hypothesis). Each entry point must give a result or one

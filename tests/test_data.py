@@ -9,7 +9,16 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from helpers import FUZZ_SETTINGS, HOSTILE_LINES, RAW_LINES, read_fuzzed_file, write_bytes_lines, write_lines
+from helpers import (
+    FUZZ_SETTINGS,
+    HOSTILE_LINES,
+    HUB_LAYOUTS,
+    RAW_LINES,
+    read_fuzzed_file,
+    write_bytes_lines,
+    write_dataset,
+    write_lines,
+)
 from hf_vanilla_transformer.data import (
     TranslationDataError,
     file_sentences,
@@ -155,28 +164,50 @@ def test_load_translation_split_from_a_file_with_max_samples(tmp_path):
     assert list(zip(everything["target"], everything["source"], strict=True)) == PAIRS
 
 
-def dataset_folder(folder, splits: dict[str, list[str]]) -> str:
-    """A local `datasets` folder: one translation JSON lines file a split, which `load_dataset(folder)` reads."""
-    folder.mkdir()
-    for split, lines in splits.items():
-        write_lines(folder / f"{split}.jsonl", lines)
-    return str(folder)
-
-
-def test_read_dataset_from_a_local_folder(tmp_path):
-    folder = dataset_folder(
-        tmp_path / "dataset",
-        {"train": [row(*PAIRS[0]), row(*PAIRS[1])], "validation": [row(*PAIRS[2]), row("A horse.", "")]},
-    )
+@pytest.mark.parametrize("form", ["jsonl", "parquet", "saved"])
+@pytest.mark.parametrize("layout", HUB_LAYOUTS)
+def test_read_dataset_takes_either_hub_layout_in_any_local_form(tmp_path, layout, form):
+    make = HUB_LAYOUTS[layout]
+    splits = {"train": [make(*PAIRS[0]), make(*PAIRS[1])], "validation": [make(*PAIRS[2])],
+              "test": [make("A horse.", "Ein Pferd.")]}  # fmt: skip
+    folder = write_dataset(tmp_path / "dataset", splits, form)
     assert list(read_dataset(folder, None, "train", "en", "de")) == PAIRS[:2]
-    pairs = read_dataset(folder, None, "validation", "en", "de")
-    assert next(pairs) == PAIRS[2]
-    with pytest.raises(TranslationDataError) as error:
-        next(pairs)
-    assert str(error.value) == f"{folder}[validation] row 1: the 'de' sentence is empty"
+    assert list(read_dataset(folder, None, "validation", "de", "en")) == [("Ein Mann.", "A man.")]
+    test = load_translation_split(None, folder, None, "test", "en", "de")
+    assert test.to_dict() == {"source": ["A horse."], "target": ["Ein Pferd."]}
+    first = load_translation_split(None, folder, None, "train", "en", "de", max_samples=1)
+    assert first.to_dict() == {"source": ["A cat."], "target": ["Eine Katze."]}
 
-    split = load_translation_split(None, folder, None, "train", "en", "de", max_samples=1)
-    assert split.to_dict() == {"source": ["A cat."], "target": ["Eine Katze."]}
+
+@pytest.mark.parametrize("form", ["jsonl", "parquet"])  # a language a row lacks: a missing key, or an Arrow null
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (
+            [{"en": "A cat.", "de": "Eine Katze."}, {"en": "A dog."}],
+            "row 1: the row has no 'de' sentence (it has 'en')",
+        ),
+        (
+            [{"translation": {"en": "A cat.", "de": "Eine Katze."}}, {"translation": {"en": "A dog."}}],
+            "row 1: the translation has no 'de' sentence (it has 'en')",
+        ),
+        (
+            [{"sourceString": "A cat.", "targetString": "Eine Katze."}],  # Helsinki-NLP/tatoeba_mt's columns
+            "row 0: neither a 'translation' column nor a column named 'en' (the columns are 'sourceString', "
+            "'targetString')",
+        ),
+        (
+            [{"en": "A cat.", "fr": "Un chat."}],
+            "row 0: neither a 'translation' column nor a column named 'de' (the columns are 'en', 'fr')",
+        ),
+        ([{"en": "A cat.", "de": " "}], "row 0: the 'de' sentence is empty"),
+    ],
+)
+def test_a_dataset_row_of_neither_layout_names_dataset_split_row_and_language(tmp_path, form, rows, message):
+    folder = write_dataset(tmp_path / "dataset", {"train": rows}, form)
+    with pytest.raises(TranslationDataError) as error:
+        list(read_dataset(folder, None, "train", "en", "de"))
+    assert str(error.value) == f"{folder}[train] {message}"
 
 
 def test_a_dataset_that_cannot_be_loaded_names_dataset_name(tmp_path):
@@ -184,7 +215,22 @@ def test_a_dataset_that_cannot_be_loaded_names_dataset_name(tmp_path):
     with pytest.raises(TranslationDataError) as error:
         list(read_dataset(missing, None, "train", "en", "de"))
     assert isinstance(error.value, ValueError)
-    assert str(error.value).startswith(f"dataset_name {missing}: cannot load it (")
-    folder = dataset_folder(tmp_path / "dataset", {"train": [row(*PAIRS[0])]})
-    with pytest.raises(TranslationDataError, match=rf"^dataset_name {re.escape(folder)}: cannot load it \(") as error:
+    assert str(error.value).startswith(f"dataset_name {missing}[train]: cannot load it (")
+    folder = write_dataset(tmp_path / "dataset", {"train": [HUB_LAYOUTS["translation column"](*PAIRS[0])]})
+    with pytest.raises(TranslationDataError) as error:
         list(read_dataset(folder, None, "test", "en", "de"))
+    assert str(error.value) == (
+        f"dataset_name {folder}[test]: cannot load it (Unknown split \"test\". Should be one of ['train'].)"
+    )
+    with pytest.raises(TranslationDataError) as error:
+        list(read_dataset(folder, "de-en", "train", "en", "de"))
+    assert str(error.value).startswith(f"dataset_name {folder} (config de-en)[train]: cannot load it (")
+    assert "'de-en' not found" in str(error.value)
+    (tmp_path / "scripted").mkdir()  # as Helsinki-NLP/tatoeba_mt is: a loading script
+    (tmp_path / "scripted" / "scripted.py").write_text("import datasets\n")
+    with pytest.raises(TranslationDataError) as error:
+        list(read_dataset(str(tmp_path / "scripted"), None, "test", "en", "de"))
+    assert str(error.value) == (
+        f"dataset_name {tmp_path / 'scripted'}[test]: cannot load it "
+        "(Dataset scripts are no longer supported, but found scripted.py)"
+    )

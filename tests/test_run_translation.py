@@ -31,12 +31,14 @@ from helpers import (
     REPO_ROOT,
     TATOEBA_EN_ZH,
     TEST,
+    TINY_MODEL_RUN,
     TRAIN,
     VALIDATION,
     assert_one_line_error,
     audited_writes,
     write_audit_env,
     write_bytes_lines,
+    write_dataset,
     write_lines,
 )
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -362,6 +364,38 @@ def test_recipe_file_with_overrides(tmp_path):
     assert training_args.output_dir == str(tmp_path / "y") and training_args.max_tokens_per_batch == 2000
     with pytest.raises(SystemExit, match=r"nothing\.yaml: cannot read the recipe"):
         run_translation.main([str(tmp_path / "nothing.yaml")])
+
+
+def test_a_dataset_name_after_a_recipe_replaces_its_data_files(tmp_path):
+    recipe = str(REPO_ROOT / "recipes" / "multi30k_small.yaml")
+    _, data_args, _ = run_translation.parse_arguments([recipe])
+    assert data_args.train_file.endswith("multi30k/train.jsonl") and data_args.dataset_name is None
+    _, data_args, _ = run_translation.parse_arguments([recipe, "--dataset_name", "bentrevett/multi30k"])
+    assert (data_args.dataset_name, data_args.train_file, data_args.validation_file, data_args.test_file) == (
+        "bentrevett/multi30k", None, None, None,
+    )  # fmt: skip
+    assert data_args.dataset_description == "Multi30k (en-de)"  # the rest of the recipe stays
+    _, data_args, _ = run_translation.parse_arguments([recipe, "--dataset-name=x", "--test_file", "mine.jsonl"])
+    assert (data_args.dataset_name, data_args.train_file, data_args.test_file) == ("x", None, "mine.jsonl")
+
+
+def test_a_run_from_a_local_dataset_folder_by_dataset_name(tmp_path):
+    # bentrevett/multi30k's layout: a column a language, the validation split in val.jsonl
+    animals = [("cat", "Katze"), ("dog", "Hund"), ("horse", "Pferd"), ("bird", "Vogel"), ("man", "Mann")]
+    states = [("small", "klein"), ("big", "groß"), ("here", "hier"), ("old", "alt")]
+    rows = [{"en": f"The {a} is {s}.", "de": f"Die {b} ist {t}."} for a, b in animals for s, t in states]
+    folder = write_dataset(tmp_path / "multi30k", {"train": rows, "validation": rows[:3], "test": rows[3:7]})
+    output = tmp_path / "out"
+    results = run_translation.main([
+        *TINY_MODEL_RUN, "--dataset_name", folder, "--vocab_size", "300", "--max_steps", "2", "--warmup_steps", "1",
+        "--output_dir", str(output),
+    ])  # fmt: skip
+    assert (results["train_samples"], results["eval_samples"], results["predict_samples"]) == (20, 3, 4)
+    assert len((output / "generated_predictions.txt").read_text().split("\n")[:-1]) == 4
+    # the vocabulary trained in the run is the one the dataset's training sentences make
+    sentences = [row[lang] for lang in ("en", "de") for row in rows]
+    expected = train_shared_bpe(sentences, vocab_size=300).get_vocab()
+    assert AutoTokenizer.from_pretrained(output).get_vocab() == expected and "Ġist" in expected
 
 
 # Dropout off: each process draws dropout masks from a random stream of its own, which one process accumulating two

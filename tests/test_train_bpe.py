@@ -9,7 +9,17 @@ import pytest
 from transformers import AutoTokenizer
 
 import train_bpe
-from helpers import HOSTILE_LINES, REPO_ROOT, TRAIN, assert_one_line_error, round_trip, write_bytes_lines, write_lines
+from helpers import (
+    HOSTILE_LINES,
+    HUB_LAYOUTS,
+    REPO_ROOT,
+    TRAIN,
+    assert_one_line_error,
+    round_trip,
+    write_bytes_lines,
+    write_dataset,
+    write_lines,
+)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -54,12 +64,11 @@ def test_plain_text_files_dataset_folders_and_max_sentences(tmp_path):
     vocabulary = AutoTokenizer.from_pretrained(tmp_path / "text").get_vocab()
     assert "Ġkleine" in vocabulary and "Ġsmall" in vocabulary
 
-    (tmp_path / "dataset").mkdir()
-    rows = [{"translation": {"en": "a small cat", "de": "eine kleine Katze"}}] * 30
-    (tmp_path / "dataset" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    train_bpe.main(["--dataset_name", str(tmp_path / "dataset"), "--vocab_size", "280",
-                    "--output_dir", str(tmp_path / "from_dataset")])  # fmt: skip
-    assert "Ġkleine" in AutoTokenizer.from_pretrained(tmp_path / "from_dataset").get_vocab()
+    for layout, make in HUB_LAYOUTS.items():  # a dataset by name, in either layout of the Hub's
+        dataset = write_dataset(tmp_path / layout, {"train": [make("a small cat", "eine kleine Katze")] * 30})
+        train_bpe.main(["--dataset_name", dataset, "--vocab_size", "280",
+                        "--output_dir", str(tmp_path / f"from {layout}")])  # fmt: skip
+        assert "Ġkleine" in AutoTokenizer.from_pretrained(tmp_path / f"from {layout}").get_vocab()
 
     train_bpe.main(["--train_file", str(tmp_path / "en.txt"), str(tmp_path / "de.txt"), "--max_sentences", "100",
                     "--vocab_size", "300", "--output_dir", str(tmp_path / "english_only")])  # fmt: skip
