@@ -13,7 +13,6 @@ import tempfile
 import uuid
 
 import gradio as gr
-from huggingface_hub import snapshot_download
 
 from hf_vanilla_transformer.inspection import attention_maps, decoding_steps
 from hf_vanilla_transformer.loading import load_model_and_tokenizer
@@ -24,25 +23,16 @@ EXAMPLES = ["A man is sleeping.", "Two dogs are playing in the snow.", "A woman 
 THEME = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 
 
-def model_folder(model: str) -> str:
-    """`model` if it is a folder, else the Hub model of that id, downloaded (or found in the cache)."""
-    if os.path.isdir(model):
-        return model
-    try:
-        return snapshot_download(model)
-    except (OSError, ValueError) as error:
-        reason = str(error).splitlines()[0]
-        raise ValueError(f"model {model}: not a folder, nor a model on the Hub ({reason})") from None
-
-
 def build_demo(model_path: str) -> gr.Blocks:
     """The page: a text box and Translate; the translation, the encoder-decoder attention picture (last layer, mean
     over heads) and the beam search's steps. Its API: `/translate` (sentence -> those three)."""
-    model, tokenizer = load_model_and_tokenizer(model_folder(model_path), "cpu")
+    model, tokenizer = load_model_and_tokenizer(model_path, "cpu")  # a folder or a Hub id
     model.set_attn_implementation("eager")  # every request shows attention weights: switch once, not per request
     pictures = tempfile.mkdtemp(prefix="vanilla-demo-")
 
     def translate(source: str):
+        if not source.strip():  # as vanilla-translate and the pipeline: an empty sentence, an empty translation
+            return "", None, []
         try:
             maps = attention_maps(model, tokenizer, source)
             steps, _ = decoding_steps(model, tokenizer, source, num_beams=model.generation_config.num_beams or 1)

@@ -110,6 +110,8 @@ def scalar(text: str):
 
 def translate_main(argv: list[str] | None = None) -> None:
     """vanilla-translate: translate a file or standard input, one sentence a line (translate.py)."""
+    import torch
+
     from .translate import load_translator, read_lines, translate_lines, write_lines
 
     parser = argparse.ArgumentParser(
@@ -118,13 +120,18 @@ def translate_main(argv: list[str] | None = None) -> None:
         "empty; decoding is the model's own (for ours the paper's) unless flags say otherwise; a CTranslate2 folder "
         "(vanilla-export-ctranslate2) is translated with CTranslate2.",
     )
-    parser.add_argument("--model", required=True, help="A model folder (from run_translation.py or the Hub cache).")
+    parser.add_argument("--model", required=True, help="A model folder or a Hub id (downloaded, or from the cache).")
     parser.add_argument("--input", default="-", help="File of sentences, one a line ('-': standard input).")
     parser.add_argument("--output", default="-", help="File to write translations to ('-': standard output).")
     parser.add_argument("--num_beams", type=int, default=None, help="Beam size (default: the model's).")
+    parser.add_argument("--length_penalty", type=float, default=None, help="Beam search's α (default: the model's).")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="Longest translation, in tokens.")
     parser.add_argument("--batch_size", type=int, default=32, help="Sentences translated together.")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="CPU threads (default: torch's, one a core). For a CTranslate2 folder, the default of --inter_threads.",
+    )  # fmt: skip
     parser.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
         help="The model's dtype (auto: bfloat16 on a CPU with bfloat16 units, float32 elsewhere).",
@@ -142,14 +149,17 @@ def translate_main(argv: list[str] | None = None) -> None:
         if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
             sys.stdout.reconfigure(encoding="utf-8")
         lines = read_lines(args.input)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise ValueError(f"--threads {args.threads} must be at least 1")
+            torch.set_num_threads(args.threads)
         translator = load_translator(
-            args.model, args.device, args.dtype, compute_type=args.compute_type, inter_threads=args.inter_threads,
-            intra_threads=args.intra_threads,
+            args.model, args.device, args.dtype, compute_type=args.compute_type,
+            inter_threads=args.inter_threads or args.threads, intra_threads=args.intra_threads,
         )  # fmt: skip
-        generate_kwargs = {
-            key: value for key, value in (("num_beams", args.num_beams), ("max_new_tokens", args.max_new_tokens))
-            if value
-        }  # fmt: skip
+        decoding = {"num_beams": args.num_beams, "length_penalty": args.length_penalty,
+                    "max_new_tokens": args.max_new_tokens}  # fmt: skip
+        generate_kwargs = {key: value for key, value in decoding.items() if value is not None}
         translations = translate_lines(
             translator, lines, args.batch_size, generate_kwargs, show_progress=args.input != "-"
         )
@@ -184,7 +194,7 @@ def attention_main(argv: list[str] | None = None) -> None:
         description="Draw every attention map of a trained model for one sentence (PNG files and attention.html, "
         "which needs no network), and with --steps show its decoding step by step.",
     )
-    parser.add_argument("--model", required=True, help="A model folder (from run_translation.py or the Hub cache).")
+    parser.add_argument("--model", required=True, help="A model folder or a Hub id (downloaded, or from the cache).")
     parser.add_argument("--source", required=True, help="The sentence to translate.")
     parser.add_argument("--target", help="A translation to read with teacher forcing instead of the model's own.")
     parser.add_argument("--output_dir", required=True, help="Folder for the PNG files and attention.html.")
@@ -229,7 +239,7 @@ def export_ctranslate2_main(argv: list[str] | None = None) -> None:
         description="Export a trained model folder to CTranslate2, OpenNMT's inference engine, for fast CPU "
         "translation (needs the [fast] extra).",
     )
-    parser.add_argument("--model", required=True, help="One of our model folders (from run_translation.py).")
+    parser.add_argument("--model", required=True, help="One of our model folders (run_translation.py), or its Hub id.")
     parser.add_argument("--output_dir", required=True, help="The CTranslate2 model folder to write.")
     parser.add_argument("--quantization", default="float32", choices=QUANTIZATIONS, help="Weight type.")
     parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
@@ -250,7 +260,7 @@ def export_marian_main(argv: list[str] | None = None) -> None:
         description="Export a trained model folder to transformers' own MarianMTModel: the same model, loaded by "
         "plain transformers with no code of ours and no trust_remote_code.",
     )
-    parser.add_argument("--model", required=True, help="One of our model folders (from run_translation.py).")
+    parser.add_argument("--model", required=True, help="One of our model folders (run_translation.py), or its Hub id.")
     parser.add_argument("--output_dir", required=True, help="The MarianMTModel folder to write.")
     parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
     args = parser.parse_args(argv)

@@ -121,7 +121,7 @@ def write_export_card(
     `usage(model_id, example_source)`, the example being the card's `widget` sentence. The pictures the card shows
     are copied with it."""
     card_path = os.path.join(model_path, "README.md")
-    card = ModelCard.load(card_path) if os.path.isfile(card_path) else ModelCard(f"---\n---\n\n# {model_id}\n")
+    card = ModelCard.load(card_path) if os.path.isfile(card_path) else ModelCard(f"---\n{{}}\n---\n\n# {model_id}\n")
     card.data.library_name = library_name
     card.data.model_name = model_id  # the name the card's code loads; a push renames it (card_for)
     card.data.tags = [*(card.data.tags or []), *tags]

@@ -79,9 +79,10 @@ class DecodingStep:
 
 
 def encode_sentence(text: str, parameter: str, tokenizer, model, as_target: bool = False) -> dict[str, torch.Tensor]:
-    """`text` tokenized (as a source, or as a target), refused when empty or longer than the model's positions;
-    errors name `parameter`."""
-    if not text.strip():
+    """`text` tokenized (as a source, or as a target) without the whitespace around it, refused when empty or longer
+    than the model's positions; errors name `parameter`."""
+    text = text.strip()  # whitespace around a sentence is not part of it, as in vanilla-translate and the pipeline
+    if not text:
         raise ValueError(f"{parameter}: the sentence is empty")
     encoded = tokenizer(text_target=text, return_tensors="pt") if as_target else tokenizer(text, return_tensors="pt")
     length, limit = encoded["input_ids"].shape[1], model.config.max_position_embeddings

@@ -20,8 +20,30 @@ class ModelFolderError(ValueError):
 
 
 def load_model_and_tokenizer(model_path: str, device: str | None = None, dtype=None):
-    """The folder's model (on `device`; default: cuda if available; in `dtype`, default: as saved) and tokenizer."""
+    """The model (on `device`; default: cuda if available; in `dtype`, default: as saved) and tokenizer of a folder
+    or of a Hub id (`model_folder`)."""
+    model_path = model_folder(model_path)
     return load_model(model_path, device, dtype=dtype), load_tokenizer(model_path)
+
+
+def model_folder(model: str) -> str:
+    """`model` if it is a folder (or a path that no Hub id looks like), else the folder of the Hub model of that id,
+    downloaded or found in the cache (`snapshot_download`, which works offline from the cache)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except HFValidationError:  # a path, not an id ("/data/model", "./model"): the loaders say what is missing
+        return model
+    if os.path.isdir(model):
+        return model
+
+    try:
+        return snapshot_download(model)
+    except (OSError, ValueError) as error:  # huggingface_hub's errors for a bad id, a missing repo, no network
+        raise ModelFolderError(f"{model}: not a model folder, nor a model on the Hub ({first_line(error)})") from None
 
 
 def load_model(model_path: str, device: str | None = None, dtype=None):

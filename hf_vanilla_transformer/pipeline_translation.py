@@ -46,19 +46,34 @@ class TranslationPipeline(Pipeline):
         return preprocess_params, generate_kwargs, postprocess_params
 
     def __call__(self, text: str | list[str], **kwargs):
-        """Translate `text` (a string or a list of strings; a list is batched with `batch_size`).
+        """Translate `text` (a string or a list of strings; a list is batched with `batch_size`). Whitespace around
+        a sentence is left out, and an empty sentence gets an empty translation.
 
         A string gives a list with one dict per returned sequence; a list of strings gives one such list per
         string, flattened to one dict per string when each has a single translation (as transformers 4 did).
         """
-        result = super().__call__(text, **kwargs)
-        if isinstance(text, list) and all(len(translations) == 1 for translations in result):
-            return [translations[0] for translations in result]
-        return result
+        if isinstance(text, str):
+            return self._translate([text], **kwargs)[0]
+        if isinstance(text, list):
+            result = self._translate(text, **kwargs)
+            if all(len(translations) == 1 for translations in result):
+                return [translations[0] for translations in result]
+            return result
+        return super().__call__(text, **kwargs)  # a generator or a dataset: the Pipeline's own streaming
+
+    def _translate(self, texts: list[str], **kwargs) -> list[list[dict]]:
+        """The translations of each text. A blank text gets an empty translation without decoding: for a source
+        that is only `</s>` the model would invent a sentence."""
+        blank = [isinstance(text, str) and not text.strip() for text in texts]
+        sentences = [text for text, is_blank in zip(texts, blank, strict=True) if not is_blank]
+        translated = iter(super().__call__(sentences, **kwargs) if sentences else ())
+        empty = [{"translation_text": ""}] * (kwargs.get("num_return_sequences") or 1)
+        return [empty if is_blank else next(translated) for is_blank in blank]
 
     def preprocess(self, text: str, truncation: bool = True):
         if not isinstance(text, str):
             raise ValueError(f"TranslationPipeline translates strings, got {type(text).__name__}")
+        text = text.strip()  # whitespace around a sentence is not part of it (a leading space changes the tokens)
         # the model's positions bound the source too, where the tokenizer's model_max_length is unset or larger
         positions = getattr(self.model.config, "max_position_embeddings", None)
         max_length = min(filter(None, (self.tokenizer.model_max_length, positions)), default=None)

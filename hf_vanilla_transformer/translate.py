@@ -3,7 +3,7 @@
 Input and output are UTF-8, files and standard streams alike. Lines are sorted by length into batches, so that
 little padding is computed, and written back in input order; an empty line stays an empty line. Decoding is the
 model's own (for ours the paper's: beam 4, length penalty 0.6, at most source length + 50 tokens) unless
---num_beams or --max_new_tokens say otherwise. A folder written by `vanilla-export-ctranslate2` is
+--num_beams, --length_penalty or --max_new_tokens say otherwise. A folder written by `vanilla-export-ctranslate2` is
 translated with CTranslate2 (the [fast] extra), with the same decoding: many times faster on a CPU.
 """
 
@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from hf_vanilla_transformer.data import decoded_lines, numbered_lines
 from hf_vanilla_transformer.files import write_text_atomically
-from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer
+from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer, model_folder
 from hf_vanilla_transformer.precision import translation_dtype
 
 logger = logging.getLogger("vanilla-translate")
@@ -33,6 +33,7 @@ def load_translator(model_path: str, device: str | None, dtype: str = "auto", **
     the model in `dtype` (precision.translation_dtype)."""
     from hf_vanilla_transformer.export_ctranslate2 import is_ctranslate2_folder
 
+    model_path = model_folder(model_path)
     if is_ctranslate2_folder(model_path):
         if dtype != "auto":
             raise ValueError(f"dtype {dtype} is for model folders; {model_path} is a CTranslate2 folder (compute_type)")
@@ -87,7 +88,12 @@ class CTranslate2Translator:
         )  # fmt: skip
 
     def translate(
-        self, sentences: list[str], batch_size: int, num_beams: int | None = None, max_new_tokens: int | None = None
+        self,
+        sentences: list[str],
+        batch_size: int,
+        num_beams: int | None = None,
+        length_penalty: float | None = None,
+        max_new_tokens: int | None = None,
     ) -> list[str]:
         ids = self.tokenizer(sentences, truncation=True, max_length=self.max_positions)["input_ids"]
         if max_new_tokens is not None:
@@ -100,7 +106,7 @@ class CTranslate2Translator:
         results = self.translator.translate_batch(
             [self.tokenizer.convert_ids_to_tokens(source) for source in ids],
             beam_size=num_beams or self.num_beams,
-            length_penalty=self.length_penalty,
+            length_penalty=self.length_penalty if length_penalty is None else length_penalty,
             max_decoding_length=max(limits),
             max_batch_size=batch_size,
         )
@@ -113,9 +119,11 @@ class CTranslate2Translator:
 
 
 def translate_lines(translator, lines: list[str], batch_size: int, generate_kwargs: dict, show_progress: bool):
-    """Translations of `lines`, in order; blank lines give empty lines. Batches hold sentences of similar length.
-    Only strings are kept, never a batch's tensors, so memory grows with the text alone."""
-    todo = [i for i, line in enumerate(lines) if line.strip()]
+    """Translations of `lines`, in order; blank lines give empty lines, and the whitespace around a sentence is
+    not translated (as in the pipeline). Batches hold sentences of similar length. Only strings are kept, never a
+    batch's tensors, so memory grows with the text alone."""
+    lines = [line.strip() for line in lines]
+    todo = [i for i, line in enumerate(lines) if line]
     lengths = token_counts(translator.tokenizer, [lines[i] for i in todo])
     positions = translator.max_positions
     too_long = [index + 1 for index, length in zip(todo, lengths, strict=True) if length > positions]
