@@ -386,15 +386,15 @@ def train_and_evaluate(run: Run) -> dict:
 def write_model_card(trainer, run: Run, card_results: dict, results: dict, example: tuple[str, str]) -> None:
     args, data_args = run.training_args, run.data_args
     data = data_args.dataset_description or data_args.dataset_name or data_args.train_file or "—"
-    # a time budget's record where there is one: every start of a resumed run, evaluation not counted (the Trainer's
-    # train_runtime is this start's wall-clock time)
-    budgeted = [entry["training_seconds"] for entry in trainer.state.log_history if "training_seconds" in entry]
+    # the training clock's record (TimeLimitCallback): every start of a resumed run, evaluation not counted (the
+    # Trainer's train_runtime is this start's wall-clock time alone)
+    recorded = [entry["training_seconds"] for entry in trainer.state.log_history if "training_seconds" in entry]
     training = training_table(
         args,
         trainer.model.config.d_model,
         trainer.state.global_step,
         training_pairs=results.get("train_samples"),
-        training_seconds=budgeted[-1] if budgeted else results.get("train_runtime"),
+        training_seconds=recorded[-1] if recorded else results.get("train_runtime"),
         data=data,
     )
     picture = write_card_picture(trainer.model, run.tokenizer, example[0], args.output_dir)

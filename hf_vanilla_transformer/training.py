@@ -21,6 +21,7 @@ batches, the learning-rate schedule, checkpoint averaging, a time budget, and a 
 import copy
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -351,10 +352,11 @@ class TimeLimitCallback(TrainerCallback, ExportableState):
     """Ends training, with a final checkpoint, once `minutes` of training have passed. Evaluation during training
     does not count, so that evaluating more often does not train less. The budget is the whole run's: each
     checkpoint records the training time spent so far (in its `trainer_state.json`), and a run resumed from it
-    counts on from there. Every log entry records the training time at its step, `training_seconds`."""
+    counts on from there. Every log entry records the training time at its step, `training_seconds` (with
+    `minutes=None` that is all it does: the model card's training time is then still the whole run's)."""
 
-    def __init__(self, minutes: float):
-        self.seconds = minutes * 60
+    def __init__(self, minutes: float | None):
+        self.seconds = math.inf if minutes is None else minutes * 60
         self.spent_before = 0.0  # training seconds of the runs this one resumed
         self.start = time.monotonic()
         self.evaluating = 0.0  # seconds of this run's evaluations
@@ -363,7 +365,8 @@ class TimeLimitCallback(TrainerCallback, ExportableState):
         return self.spent_before + time.monotonic() - self.start - self.evaluating
 
     def state(self) -> dict:
-        return {"args": {"minutes": self.seconds / 60}, "attributes": {"spent_seconds": self.elapsed()}}
+        minutes = None if math.isinf(self.seconds) else self.seconds / 60
+        return {"args": {"minutes": minutes}, "attributes": {"spent_seconds": self.elapsed()}}
 
     @classmethod
     def spent_in(cls, state) -> float:
@@ -464,11 +467,11 @@ class TranslationTrainer(Seq2SeqTrainer):
         if args is not None and getattr(args, "learning_rate", 0) is None:
             args.learning_rate = paper_learning_rate(model.config.d_model, args.warmup_steps, args.learning_rate_scale)
         super().__init__(model, args, *other, **kwargs)
-        minutes = getattr(self.args, "max_train_minutes", None)
-        if minutes is not None:
+        if hasattr(self.args, "max_train_minutes"):  # the training clock runs with or without a limit
+            minutes = self.args.max_train_minutes
             time_limit = TimeLimitCallback(minutes)
             self.add_callback(time_limit)
-            if self.pop_callback(ProgressCallback) is not None:
+            if minutes is not None and self.pop_callback(ProgressCallback) is not None:
                 self.add_callback(TimeBudgetProgressCallback(time_limit))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs) -> TrainOutput:

@@ -506,3 +506,21 @@ def test_resuming_never_unpickles_code(tmp_path, state_file):
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
     assert not marker.exists()
+
+
+def test_without_a_time_limit_the_training_time_still_counts_every_start(tmp_path):
+    """The card's training time is the last log entry's `training_seconds`: a resumed run's counts on from its
+    checkpoint's (the Trainer's own `train_runtime` is the last start's alone)."""
+    dataset = random_token_dataset(64, seed=2)
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=4,
+                                        logging_steps=1, save_steps=6, report_to=[], use_cpu=True)  # fmt: skip
+    collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=tiny_model())
+    first = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
+    first.train()
+    first_start = [entry["training_seconds"] for entry in first.state.log_history if "loss" in entry]
+    args.max_steps = 9
+    resumed = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+    times = [entry["training_seconds"] for entry in resumed.state.log_history if "loss" in entry]
+    assert len(first_start) == 6 and times[:6] == first_start  # the first start's record, from the checkpoint
+    assert len(times) == 9 and times == sorted(times) and times[-1] > first_start[-1] > 0
