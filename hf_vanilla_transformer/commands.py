@@ -185,9 +185,11 @@ def _raise_interrupted(signum: int, frame) -> None:
 
 def attention_main(argv: list[str] | None = None) -> None:
     """vanilla-attention: attention pictures and step-by-step decoding of one sentence (visualize.py)."""
+    import warnings
+
     from .inspection import attention_maps, decoding_steps, teacher_forced_steps
     from .loading import load_model_and_tokenizer
-    from .visualize import attention_page, check_selection, format_steps, write_attention_pictures
+    from .visualize import attention_page, check_selection, format_steps, warning_lines, write_attention_pictures
 
     parser = argparse.ArgumentParser(
         prog="vanilla-attention",
@@ -208,22 +210,27 @@ def attention_main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(encoding="utf-8")
-    try:
-        model, tokenizer = load_model_and_tokenizer(args.model, args.device)
-        maps = attention_maps(model, tokenizer, args.source, args.target, top_k=args.top_k)
-        check_selection(maps, args.layer, args.head)
-        step_tables = {}
-        if args.steps and args.target is not None:
-            step_tables["Teacher forcing: the probability of each reference token"] = teacher_forced_steps(maps)
-        elif args.steps:
-            beams = args.num_beams or model.generation_config.num_beams or 1
-            for title, num_beams in (("Greedy decoding", 1), (f"Beam search, {beams} beams", beams)):
-                step_tables[title], _ = decoding_steps(model, tokenizer, args.source, num_beams, args.top_k)
-        with atomic_output_dir(args.output_dir, args.overwrite_output_dir) as staging:
-            paths = write_attention_pictures(maps, staging, args.layer, args.head)
-            write_text_atomically(os.path.join(staging, "attention.html"), attention_page(maps, step_tables))
-    except (OSError, ValueError) as error:
-        sys.exit(f"{parser.prog}: error: {error}")
+    # warnings (the switch to eager attention, fonts without a token's characters) as plain lines, each once
+    with warnings.catch_warnings(record=True) as caught:
+        try:
+            model, tokenizer = load_model_and_tokenizer(args.model, args.device)
+            maps = attention_maps(model, tokenizer, args.source, args.target, top_k=args.top_k)
+            check_selection(maps, args.layer, args.head)
+            step_tables = {}
+            if args.steps and args.target is not None:
+                step_tables["Teacher forcing: the probability of each reference token"] = teacher_forced_steps(maps)
+            elif args.steps:
+                beams = args.num_beams or model.generation_config.num_beams or 1
+                for title, num_beams in (("Greedy decoding", 1), (f"Beam search, {beams} beams", beams)):
+                    step_tables[title], _ = decoding_steps(model, tokenizer, args.source, num_beams, args.top_k)
+            with atomic_output_dir(args.output_dir, args.overwrite_output_dir) as staging:
+                paths = write_attention_pictures(maps, staging, args.layer, args.head)
+                write_text_atomically(os.path.join(staging, "attention.html"), attention_page(maps, step_tables))
+        except (OSError, ValueError) as error:
+            sys.exit(f"{parser.prog}: error: {error}")
+        finally:
+            for line in warning_lines([str(warning.message) for warning in caught]):
+                print(f"{parser.prog}: {line}", file=sys.stderr)
     print(f"{'target' if maps.teacher_forced else 'translation'}: {maps.translation}")
     for title, steps in step_tables.items():
         print(format_steps(title, steps))

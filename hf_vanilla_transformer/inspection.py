@@ -3,8 +3,9 @@
 The paper's model attends in three ways: the encoder's self-attention, the decoder's masked self-attention and the
 encoder-decoder attention (Figure 1). `attention_maps` returns all three, for every layer and head, for the
 translation the model produces or for a given target read with teacher forcing (as in training).
-`decoding_steps` replays `generate()` (greedy or Section 6.1's beam search) and tells, at each step, the tokens
-kept, the alternatives with their probabilities and where the encoder-decoder attention looked;
+`decoding_steps` replays `generate()` (greedy or Section 6.1's beam search) and tells, at each step, the
+hypotheses kept, each linked to the one it extends, the alternatives with their probabilities and where the
+encoder-decoder attention looked;
 `teacher_forced_steps` tells the same of a given target, with the probability the model gave each of its tokens.
 
 Attention weights come from the eager attention path only (PyTorch's fused `sdpa` kernel does not return them):
@@ -69,7 +70,9 @@ class Hypothesis:
     alternatives: list[tuple[str, float]]  # the top-k next tokens at this step and their probabilities
     looked_at: str  # the source token the encoder-decoder attention weighed most (last layer, mean over heads)
     attention: list[float]  # that attention over the source tokens
-    finished: bool = False
+    parent: int | None = None  # the hypothesis it extends: its index in the step before (None at step 1)
+    finished: bool = False  # it ended with `</s>`: a whole translation
+    winner: bool = False  # the translation `generate()` returned
 
 
 @dataclass
@@ -177,28 +180,42 @@ class _RunningSequences(LogitsProcessor):
         return scores
 
 
+def up_to_end(sequence: list[int], eos_token_id: int) -> tuple[int, ...]:
+    """A sequence `generate()` returned, without the padding after its `</s>` (after the first token: the decoder
+    may start with the id of `</s>`); one without `</s>` ran to the length limit and is whole."""
+    if eos_token_id in sequence[1:]:
+        return tuple(sequence[: sequence.index(eos_token_id, 1) + 1])
+    return tuple(sequence)
+
+
 def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int = 5, **generate_kwargs):
     """`generate()` on `source`, step by step: greedy (`num_beams=1`) or beam search; the model's generation config
     gives every other setting (length penalty, length limits) unless `generate_kwargs` say otherwise.
 
-    Returns the steps, each with the hypotheses kept after it (the beams, best first; for beam search a hypothesis
-    that ended with `</s>` is marked `finished`), and the translation `generate()` returned.
+    Returns the steps, each with the hypotheses kept after it, best first, each linked to the one it extends (a
+    tree); the hypotheses beam search had finished when it stopped are marked `finished` at the step they ended,
+    the one `generate()` returned `winner`; and that translation. The running beams of the last step are not
+    seen: the search stopped before keeping any.
     """
     encoded = encode_sentence(source, "source", tokenizer, model)
     recorder = _RunningSequences()
     with eager_attention(model), torch.no_grad():
         output = model.generate(
             **encoded,
-            **{**generate_kwargs, "num_beams": num_beams, "do_sample": False, "num_return_sequences": 1},
+            # every finished hypothesis, best first: the first is the translation
+            **{**generate_kwargs, "num_beams": num_beams, "do_sample": False, "num_return_sequences": num_beams},
             logits_processor=[recorder],
             return_dict_in_generate=True,
             output_logits=True,
             output_attentions=True,
         )
     source_tokens = token_labels(tokenizer, encoded["input_ids"][0])
-    best = output.sequences[0]
-    finished_at = int((best != model.config.pad_token_id).sum()) - 1  # the step that wrote its last token
-    scores = {tuple(recorder.steps[0][0].tolist()): 0.0}
+    returned = [up_to_end(sequence.tolist(), model.config.eos_token_id) for sequence in output.sequences]
+    ended_at = {}  # step index -> the returned hypotheses that wrote their last token there
+    for sequence in returned:
+        ended_at.setdefault(len(sequence) - 2, []).append(sequence)
+    scores = {returned[0][:1]: 0.0}
+    previous: dict[tuple, int] = {}  # the hypotheses of the step before -> their index
     steps = []
     for index, (running, logits, cross_attentions) in enumerate(
         zip(recorder.steps, output.logits, output.cross_attentions, strict=True)
@@ -206,20 +223,16 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
         rows = {tuple(sequence.tolist()): row for row, sequence in enumerate(running)}
         log_probabilities = logits.float().log_softmax(-1)
         attention = cross_attentions[-1][:, :, -1, :].mean(1)  # last layer, mean over heads: (rows, source)
-        kept = recorder.steps[index + 1] if index + 1 < len(recorder.steps) else best[: index + 2][None]
-        if index + 1 == finished_at and index + 1 < len(recorder.steps):
-            kept = torch.cat([best[: index + 2][None], kept])
-        step = DecodingStep(step=index + 1)
-        for sequence in kept:
-            sequence = tuple(sequence.tolist())
-            if sequence[:-1] not in rows:
-                continue
-            parent = rows[sequence[:-1]]
-            token_log_probability = float(log_probabilities[parent, sequence[-1]])
+        kept_running = recorder.steps[index + 1].tolist() if index + 1 < len(recorder.steps) else []
+        step, positions = DecodingStep(step=index + 1), {}
+        for sequence in [*ended_at.get(index, []), *map(tuple, kept_running)]:
+            row = rows[sequence[:-1]]
+            token_log_probability = float(log_probabilities[row, sequence[-1]])
             scores[sequence] = scores[sequence[:-1]] + token_log_probability
-            top = log_probabilities[parent].topk(top_k)
-            weights = attention[parent]
+            top = log_probabilities[row].topk(top_k)
+            weights = attention[row]
             tokens = token_labels(tokenizer, sequence[1:])
+            positions[sequence] = len(step.hypotheses)
             step.hypotheses.append(
                 Hypothesis(
                     tokens=tokens,
@@ -231,12 +244,15 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
                     ),
                     looked_at=source_tokens[int(weights.argmax())],
                     attention=weights.tolist(),
+                    parent=previous.get(sequence[:-1]),
                     finished=sequence[-1] == model.config.eos_token_id,
+                    winner=sequence == returned[0],
                 )
             )
-        if step.hypotheses:  # the last step's beams are not seen when the best hypothesis had finished before it
+        if step.hypotheses:  # the last step keeps none when no hypothesis ended there
             steps.append(step)
-    return steps, tokenizer.decode(best, skip_special_tokens=True)
+        previous = positions
+    return steps, tokenizer.decode(returned[0], skip_special_tokens=True)
 
 
 def teacher_forced_steps(maps: AttentionMaps) -> list[DecodingStep]:
@@ -256,6 +272,7 @@ def teacher_forced_steps(maps: AttentionMaps) -> list[DecodingStep]:
             alternatives=maps.target_alternatives[index],
             looked_at=maps.source_tokens[int(weights.argmax())],
             attention=weights.tolist(),
+            parent=0 if index else None,
             finished=index + 1 == len(maps.target_tokens),
         )
         steps.append(DecodingStep(step=index + 1, hypotheses=[hypothesis]))

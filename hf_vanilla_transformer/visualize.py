@@ -7,11 +7,12 @@
 For the model's own translation of --source (or --target, read with teacher forcing) it draws the encoder
 self-attention, the decoder's masked self-attention and the encoder-decoder attention of every layer and head, and
 their mean over heads, as `KIND_layerL_headH.png` / `KIND_layerL_mean.png` (layers and heads counted from 1;
---layer and --head draw one only), and writes `attention.html`, where a reader picks the kind, layer and head; the
-page needs no network. --steps adds the decoding step by step (greedy and beam search; with --target, the
-probability the model gives each reference token), printed and on the page. Drawing needs matplotlib
-(`pip install "hf-vanilla-transformer[pictures]"`); Chinese and Japanese tokens need a CJK font (Debian:
-`apt-get install fonts-wqy-microhei`).
+--layer and --head draw one only), each with its axes titled and a colour bar, and writes `attention.html`, which
+opens on the last layer's encoder-decoder attention (mean over heads) and lets a reader pick the kind, layer and
+head; the page needs no network. --steps adds the decoding step by step (greedy and beam search, the beams as a
+tree on the page; with --target, the probability the model gives each reference token), printed and on the page.
+Drawing needs matplotlib (`pip install "hf-vanilla-transformer[pictures]"`); Chinese and Japanese tokens need a CJK
+font (Debian: `apt-get install fonts-wqy-microhei`).
 """
 
 import functools
@@ -30,6 +31,7 @@ from .inspection import (
     ATTENTION_KINDS,
     AttentionMaps,
     DecodingStep,
+    Hypothesis,
     attention_maps,
 )
 
@@ -65,9 +67,33 @@ def is_cjk(character: str) -> bool:
     return 0x2E80 <= code <= 0x9FFF or 0xAC00 <= code <= 0xD7AF or 0xF900 <= code <= 0xFAFF or 0xFF00 <= code <= 0xFFEF
 
 
-def attention_figure(weights, row_labels: list[str], column_labels: list[str], title: str):
+# what the rows and the columns of each kind's map are, in the PNGs and on the page
+AXIS_TITLES = {
+    "encoder_self_attention": ("query ↓ (source token)", "key → (source token)"),
+    "decoder_self_attention": (
+        "query ↓ (decoder input → predicted token)",
+        "key → (decoder input: <s>, then the target)",
+    ),
+    "encoder_decoder_attention": ("target ↓ (the token being predicted)", "source →"),
+}
+COLOR_LEGEND = "attention weight (each row sums to 1)"
+
+
+def axis_labels(maps: AttentionMaps, kind: str) -> tuple[list[str], list[str]]:
+    """The tokens of `kind`'s rows and columns. The decoder's self-attention rows read `input → predicted`: row i
+    starts with column i's token, the position's own input, and the arrow says what that position predicts."""
+    queries, keys = maps.queries_and_keys(kind)
+    if kind == "decoder_self_attention":
+        queries = [f"{given} → {predicted}" for given, predicted in zip(keys, queries, strict=True)]
+    return queries, keys
+
+
+def attention_figure(
+    weights, row_labels: list[str], column_labels: list[str], title: str, axis_titles: tuple[str, str]
+):
     """A heat map of `weights` (queries x keys, each row summing to 1): rows are the queries, columns the keys,
-    labelled with their tokens; 0 is dark purple and 1 yellow."""
+    labelled with their tokens, the axes titled with `axis_titles` (rows, columns); 0 is dark purple and 1 yellow,
+    as the colour bar shows."""
     from matplotlib import rc_context
     from matplotlib.figure import Figure
 
@@ -77,15 +103,45 @@ def attention_figure(weights, row_labels: list[str], column_labels: list[str], t
         raise ValueError(f"weights of shape {tuple(weights.shape)} for {rows} row and {columns} column labels")
     # tokens are text, never TeX: "$5" must not start a formula
     with rc_context({"font.family": font_families(row_labels + column_labels), "text.parse_math": False}):
-        width = max(1.8 + 0.32 * columns, 1.0 + 0.07 * len(title))  # wide enough for the title too
-        figure = Figure(figsize=(width, 1.4 + 0.32 * rows), dpi=100, layout="constrained")
+        # wide and tall enough for the row labels, the colour bar and the titles too
+        labels_width = 0.07 * max(map(len, row_labels), default=0)
+        width = max(2.6 + labels_width + 0.32 * columns, 1.0 + 0.07 * max(len(title), len(axis_titles[1])))
+        height = max(1.9 + 0.32 * rows, 1.0 + 0.07 * len(axis_titles[0]))
+        figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
         axes = figure.add_subplot()
         image = axes.imshow(weights, cmap=COLOR_MAP, vmin=0.0, vmax=1.0, interpolation="nearest")
         axes.set_xticks(range(columns), column_labels, rotation=90)
         axes.set_yticks(range(rows), row_labels)
         axes.set_title(title, fontsize=9)
-        figure.colorbar(image, ax=axes, shrink=0.8)
+        axes.set_ylabel(axis_titles[0], fontsize=9)
+        axes.set_xlabel(axis_titles[1], fontsize=9)
+        figure.colorbar(image, ax=axes, shrink=0.8).set_label(COLOR_LEGEND, fontsize=8)
     return figure
+
+
+def kind_figure(maps: AttentionMaps, kind: str, weights, which: str):
+    """`weights` (one layer's head or mean) of attention `kind`, labelled with its tokens; `which` says the layer
+    and head in the title."""
+    rows, columns = axis_labels(maps, kind)
+    return attention_figure(weights, rows, columns, f"{ATTENTION_KINDS[kind]}, {which}", AXIS_TITLES[kind])
+
+
+# matplotlib's warning for each character its fonts cannot draw
+MISSING_GLYPH = re.compile(r"Glyph (\d+) \(.*\) missing from font\(s\) .*")
+
+
+def warning_lines(messages: list[str]) -> list[str]:
+    """Warnings as a reader wants them: each once, and matplotlib's one per character no font has as one line."""
+    lines, missing = [], []
+    for message in dict.fromkeys(messages):
+        glyph = MISSING_GLYPH.fullmatch(message)
+        if glyph:
+            missing.append(chr(int(glyph.group(1))))
+        else:
+            lines.append(message)
+    if missing:
+        lines.append(f"no installed font has {' '.join(missing)}: drawn as boxes")
+    return lines
 
 
 def save_figure(figure, path: str) -> str:
@@ -115,9 +171,8 @@ def write_card_picture(model, tokenizer, source: str, output_dir: str) -> str | 
 
 def cross_attention_figure(maps: AttentionMaps):
     """The picture of where the decoder looked: the encoder-decoder attention of the last layer, mean over heads."""
-    queries, keys = maps.queries_and_keys("encoder_decoder_attention")
     weights = maps.weights["encoder_decoder_attention"][-1].mean(0)
-    return attention_figure(weights, queries, keys, "encoder-decoder attention, last layer, mean over heads")
+    return kind_figure(maps, "encoder_decoder_attention", weights, "last layer, mean over heads")
 
 
 def check_selection(maps: AttentionMaps, layer: int | None, head: int | None) -> None:
@@ -134,11 +189,11 @@ def write_attention_pictures(
     maps: AttentionMaps, output_dir: str, layer: int | None = None, head: int | None = None
 ) -> list[str]:
     """PNG files of every kind of attention, for each layer and head and the mean over heads (or only `layer` and
-    `head`, counted from 1). Returns their paths."""
+    `head`, counted from 1), in `output_dir`, made if missing. Returns their paths."""
     check_selection(maps, layer, head)
+    os.makedirs(output_dir, exist_ok=True)
     paths = []
-    for kind, title in ATTENTION_KINDS.items():
-        queries, keys = maps.queries_and_keys(kind)
+    for kind in ATTENTION_KINDS:
         weights = maps.weights[kind]
         for layer_index in [layer - 1] if layer else range(weights.shape[0]):
             per_layer = weights[layer_index]
@@ -147,32 +202,86 @@ def write_attention_pictures(
             if head is None:
                 pictures.append(("mean", "mean over heads", per_layer.mean(0)))
             for name, caption, picture in pictures:
-                figure = attention_figure(picture, queries, keys, f"{title}, layer {layer_index + 1}, {caption}")
+                figure = kind_figure(maps, kind, picture, f"layer {layer_index + 1}, {caption}")
                 paths.append(save_figure(figure, os.path.join(output_dir, f"{kind}_layer{layer_index + 1}_{name}.png")))
     return paths
 
 
+def quoted(text: str) -> str:
+    """`text` in double quotes, so that a leading space, a comma or a lone space shows."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+# what became of a hypothesis after its step (nothing said: it was extended)
+WINNER, FINISHED, DROPPED, STOPPED = "★ returned", "✓ finished", "✗ dropped", "search ended"
+OUTCOMES_LEGEND = (
+    f"{WINNER}: the translation generate() returned (the best finished score after the length penalty); "
+    f"{FINISHED}: ended with </s>; {DROPPED}: not among the best beams of the next step; "
+    f"{STOPPED}: still running when the search stopped"
+)
+
+
+TREE_LEGEND = (
+    "Each line is a hypothesis that beam search kept after a step, under the one it extends (a level per step, the "
+    "best first): its last token, that token's probability p, the log-probability of the whole hypothesis and the "
+    "source token the encoder-decoder attention weighed most; hover for the top alternatives. The path to the "
+    "translation is highlighted."
+)
+
+
+def outcomes(steps: list[DecodingStep]) -> list[list[str]]:
+    """For each step, what became of each of its hypotheses: one of WINNER, FINISHED, DROPPED, STOPPED, or ""
+    when a hypothesis of the next step extends it."""
+    result = []
+    for index, step in enumerate(steps):
+        later = steps[index + 1].hypotheses if index + 1 < len(steps) else []
+        extended = {hypothesis.parent for hypothesis in later}
+        search_went_on = any(not hypothesis.finished for hypothesis in later)
+        result.append(
+            [
+                WINNER if hypothesis.winner
+                else FINISHED if hypothesis.finished
+                else "" if number in extended
+                else DROPPED if search_went_on
+                else STOPPED
+                for number, hypothesis in enumerate(step.hypotheses)
+            ]
+        )  # fmt: skip
+    return result
+
+
+def alternatives_text(hypothesis: Hypothesis) -> str:
+    return ", ".join(f"{quoted(token)} {probability:.2f}" for token, probability in hypothesis.alternatives)
+
+
 def steps_table(steps: list[DecodingStep]) -> list[list[str]]:
-    """Rows of a table of the decoding: step, hypothesis so far, token added, its probability, the log-probability
-    of the hypothesis, the top alternatives and where the encoder-decoder attention looked."""
+    """Rows of a table of the decoding, one per hypothesis (STEP_COLUMNS): step, its number among the step's
+    hypotheses (best first) and that of the one it extends in the step before, the hypothesis so far, the token
+    added, its probability, the log-probability of the hypothesis, the top alternatives, where the encoder-decoder
+    attention looked and what became of it. Tokens are quoted."""
     rows = []
-    for step in steps:
-        for hypothesis in step.hypotheses:
+    for step, step_outcomes in zip(steps, outcomes(steps), strict=True):
+        for number, (hypothesis, outcome) in enumerate(zip(step.hypotheses, step_outcomes, strict=True), start=1):
             rows.append(
                 [
                     str(step.step),
-                    "".join(hypothesis.tokens),
-                    hypothesis.token + (" (end)" if hypothesis.finished else ""),
+                    str(number),
+                    "" if hypothesis.parent is None else str(hypothesis.parent + 1),
+                    quoted("".join(hypothesis.tokens)),
+                    quoted(hypothesis.token),
                     f"{hypothesis.probability:.3f}",
                     f"{hypothesis.log_probability:.2f}",
-                    ", ".join(f"{token} {probability:.2f}" for token, probability in hypothesis.alternatives),
-                    hypothesis.looked_at,
+                    alternatives_text(hypothesis),
+                    quoted(hypothesis.looked_at),
+                    outcome,
                 ]
             )
     return rows
 
 
-STEP_COLUMNS = ["step", "so far", "token", "p", "log p (all)", "top alternatives", "attention on"]
+STEP_COLUMNS = [
+    "step", "beam", "from", "so far", "token", "p", "log p (all)", "top alternatives", "attention on", "outcome"
+]  # fmt: skip
 
 
 def format_steps(title: str, steps: list[DecodingStep]) -> str:
@@ -183,25 +292,105 @@ def format_steps(title: str, steps: list[DecodingStep]) -> str:
     return "\n".join(line.rstrip() for line in lines) + "\n"
 
 
-def attention_page(maps: AttentionMaps, step_tables: dict[str, list[DecodingStep]] | None = None) -> str:
-    """One HTML page, scripts and data inline (no network): pick the kind, layer and head (or the mean) of the
-    attention to show as a heat map of the tokens; then the decoding tables, if any."""
-    data = {}
-    for kind, title in ATTENTION_KINDS.items():
-        queries, keys = maps.queries_and_keys(kind)
-        data[kind] = {
-            "title": title,
-            "queries": queries,
-            "keys": keys,
-            "weights": maps.weights[kind].round(decimals=4).tolist(),
-        }
-    tables = ""
-    for title, steps in (step_tables or {}).items():
+def steps_html(title: str, steps: list[DecodingStep]) -> str:
+    """A decoding on the page: a beam search as a tree, a single hypothesis per step (greedy decoding, teacher
+    forcing) as a table."""
+    if any(len(step.hypotheses) > 1 for step in steps):
+        body = f"<p class=legend>{html.escape(TREE_LEGEND)}<br>{html.escape(OUTCOMES_LEGEND)}</p>\n{beam_tree(steps)}"
+    else:
         head = "".join(f"<th>{html.escape(column)}</th>" for column in STEP_COLUMNS)
-        body = "".join(
+        rows = "".join(
             "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in steps_table(steps)
         )
-        tables += f"<h2>{html.escape(title)}</h2>\n<table class=steps><tr>{head}</tr>{body}</table>\n"
+        body = f"<table class=steps><tr>{head}</tr>{rows}</table>"
+    return f"<h2>{html.escape(title)}</h2>\n{body}\n"
+
+
+def beam_tree(steps: list[DecodingStep]) -> str:
+    """Nested lists: each hypothesis under the one it extends, `<s>` at the root, the best first at each step;
+    each item says its token, probabilities and outcome, and its `data-id` and `data-parent` (step.number) link it.
+    The winner and the hypotheses it grew from are marked as its path."""
+    marks = outcomes(steps)
+    children: dict[tuple[int, int] | None, list[tuple[int, int]]] = {}
+    on_path = set()
+    for index, step in enumerate(steps):
+        for number, hypothesis in enumerate(step.hypotheses):
+            parent = None if hypothesis.parent is None else (index - 1, hypothesis.parent)
+            children.setdefault(parent, []).append((index, number))
+            if hypothesis.winner:
+                on_path.add((index, number))
+    for index in range(len(steps) - 1, 0, -1):  # the winner's ancestors, back to step 1
+        on_path |= {(index - 1, steps[index].hypotheses[number].parent) for i, number in on_path if i == index}
+
+    def item(key: tuple[int, int]) -> str:
+        index, number = key
+        hypothesis, outcome = steps[index].hypotheses[number], marks[index][number]
+        parent = "" if hypothesis.parent is None else f"{index}.{hypothesis.parent + 1}"
+        classes = " ".join(name for name, on in (("path", key in on_path), ("leaf", key not in children)) if on)
+        ending = f" <b class=outcome>{html.escape(outcome)}</b> {html.escape(quoted(''.join(hypothesis.tokens)))}"
+        return (
+            f'<li data-id="{index + 1}.{number + 1}" data-parent="{parent}" class="{classes}" '
+            f'title="top alternatives: {html.escape(alternatives_text(hypothesis))}">'
+            f"<span class=token>{html.escape(quoted(hypothesis.token))}</span> "
+            f"<span class=stats>p {hypothesis.probability:.3f} · log p {hypothesis.log_probability:.2f} · "
+            f"looked at {html.escape(quoted(hypothesis.looked_at))}</span>"
+            f"{ending if outcome else ''}{branches(key)}</li>"
+        )
+
+    def branches(parent: tuple[int, int] | None) -> str:
+        return f"<ul>{''.join(map(item, children[parent]))}</ul>" if parent in children else ""
+
+    return f'<div class=tree><span class=token>"&lt;s&gt;"</span>{branches(None)}</div>'
+
+
+def color_stops() -> list[str]:
+    """The PNGs' colour map as the 256 colours matplotlib draws weights 0 to 1 with, for the page to use the same."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    colormap = colormaps[COLOR_MAP]
+    return [to_hex(colormap(index)) for index in range(colormap.N)]
+
+
+KIND_EXPLANATIONS = {
+    "encoder_self_attention": "Each source token (a row) is rebuilt from the source tokens (the columns), in the "
+    "shares shown.",
+    "decoder_self_attention": "Row i is the decoder at position i: its input is column i's token (<s>, then the "
+    "target shifted right), and it predicts the token after the arrow. The mask lets it look at its own and "
+    "earlier positions only: nothing right of the diagonal.",
+    "encoder_decoder_attention": "Each row is the decoder predicting one target token, looking at the source "
+    "tokens (the columns): a word and its translation light up together.",
+}
+
+
+def page_data(maps: AttentionMaps) -> dict:
+    """What the page's script draws: every kind's weights with its labels and titles, the colour map, and the view
+    it opens on: the last layer's encoder-decoder attention, mean over heads, the one that shows the translation."""
+    kinds = {}
+    for kind, title in ATTENTION_KINDS.items():
+        rows, columns = axis_labels(maps, kind)
+        kinds[kind] = {
+            "title": title,
+            "explanation": KIND_EXPLANATIONS[kind],
+            "rows": rows,
+            "columns": columns,
+            "row_title": AXIS_TITLES[kind][0],
+            "column_title": AXIS_TITLES[kind][1],
+            "weights": maps.weights[kind].round(decimals=4).tolist(),
+        }
+    last_layer = maps.weights["encoder_decoder_attention"].shape[0] - 1
+    return {
+        "kinds": kinds,
+        "colors": color_stops(),
+        "legend": COLOR_LEGEND,
+        "view": {"kind": "encoder_decoder_attention", "layer": last_layer, "head": "mean"},
+    }
+
+
+def attention_page(maps: AttentionMaps, step_tables: dict[str, list[DecodingStep]] | None = None) -> str:
+    """One HTML page, scripts and data inline (no network): pick the kind, layer and head (or the mean) of the
+    attention to show as a heat map of the tokens, in the PNGs' colours; then the decodings, if any (needs
+    matplotlib for its colour map)."""
     translation_kind = "target (teacher-forced)" if maps.teacher_forced else "translation (the model's)"
     values = {
         "SOURCE": html.escape(maps.source),
@@ -209,8 +398,8 @@ def attention_page(maps: AttentionMaps, step_tables: dict[str, list[DecodingStep
         "TRANSLATION": html.escape(maps.translation),
         "OPTIONS": "".join(f'<option value="{kind}">{title}</option>' for kind, title in ATTENTION_KINDS.items()),
         # "<" written as \u003c: no token can end the script element or start a comment in it
-        "DATA": json.dumps(data, ensure_ascii=False).replace("<", "\\u003c"),
-        "TABLES": tables,
+        "DATA": json.dumps(page_data(maps), ensure_ascii=False).replace("<", "\\u003c"),
+        "TABLES": "".join(steps_html(title, steps) for title, steps in (step_tables or {}).items()),
     }
     with open(PAGE_TEMPLATE, encoding="utf-8") as file:
         return re.sub(r"__([A-Z_]+)__", lambda match: values[match.group(1)], file.read())

@@ -69,6 +69,12 @@ def letter_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def beam_search_example():
+    """A tiny random model whose beam search (3 beams, 8 tokens at most) finishes three hypotheses at different
+    steps, drops others and stops with some still running: seed 5 was picked for that."""
+    return tiny_model(5, vocab_size=14), letter_tokenizer(), "a b c d e", {"num_beams": 3, "max_new_tokens": 8}
+
+
 def round_trip(tokenizer, text: str) -> str:
     return tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True)
 

@@ -2,6 +2,7 @@
 gradio_client, and published as a Space."""
 
 import hashlib
+import json
 import os
 import random
 import socket
@@ -16,7 +17,7 @@ from matplotlib.image import imread
 
 from helpers import MULTI30K, REPO_ROOT, SENTENCES, generate_text, headless_chromium
 from hf_vanilla_transformer.data import read_translation_file
-from hf_vanilla_transformer.visualize import STEP_COLUMNS
+from hf_vanilla_transformer.visualize import STEP_COLUMNS, WINNER
 
 pytestmark = pytest.mark.slow  # a Gradio server on a trained run, Chromium
 
@@ -35,7 +36,9 @@ def demo_url(trained_run, tmp_path_factory):
     """The app serving the trained run's model on a free loopback port; stopped when the tests are done."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("demo") / "server.log"
-    environment = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"}
+    # this checkout's package, not the one installed: they differ in a git worktree
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    environment = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": python_path}
     with open(log_path, "w") as log:
         server = subprocess.Popen(
             [sys.executable, str(APP), "--model", str(trained_run.output), "--port", str(port)],
@@ -92,8 +95,8 @@ def test_a_person_translates_in_a_real_browser(demo_url, expected, tmp_path):
         assert browser.execute_script("return arguments[0].naturalWidth", picture) > 100
         # the table's first rows (it scrolls; the gradio_client test reads it whole): step 1, the first token
         steps = browser.find_element(By.CSS_SELECTOR, "#steps").text.splitlines()
-        step, so_far, token = steps[steps.index("attention on") + 1 :][:3]
-        assert step == "1" and so_far == token and translation.startswith(token)
+        step, beam, so_far, token = steps[steps.index("outcome") + 1 :][:4]  # step 1 extends no beam: no "from"
+        assert step == beam == "1" and so_far == token and translation.startswith(json.loads(token))
         screenshot = tmp_path / "demo.png"
         assert browser.save_screenshot(str(screenshot)) and imread(screenshot).shape[1] == 1280
 
@@ -106,8 +109,8 @@ def test_the_api_answers_gradio_client(demo_url, expected):
     assert translation == expected[SENTENCES[1]]
     assert imread(picture).shape[0] > 100
     assert steps["headers"] == STEP_COLUMNS
-    (finished,) = [row for row in steps["data"] if row[2] == "</s> (end)"]  # the hypothesis generate() returned
-    assert finished[1].removesuffix("</s>").strip() == translation
+    (winner,) = [row for row in steps["data"] if row[-1] == WINNER]  # the hypothesis generate() returned
+    assert json.loads(winner[3]).removesuffix("</s>").strip() == translation
     # the input contract of vanilla-translate and the pipeline: whitespace around a sentence is not translated,
     # an empty sentence gets an empty translation
     assert client.predict(f"  {SENTENCES[1]} ", api_name="/translate")[0] == translation

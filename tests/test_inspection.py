@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from helpers import SENTENCES, generate_text
+from helpers import SENTENCES, beam_search_example, generate_text
 from hf_vanilla_transformer.inspection import (
     ATTENTION_KINDS,
     attention_maps,
@@ -111,7 +111,9 @@ def test_greedy_steps_replay_generate(model_and_tokenizer):
                 max(range(len(hypothesis.attention)), key=hypothesis.attention.__getitem__)
             ]
         )
-    assert steps[-1].hypotheses[0].finished and steps[-1].hypotheses[0].token == "</s>"
+    assert (
+        steps[-1].hypotheses[0].finished and steps[-1].hypotheses[0].winner and steps[-1].hypotheses[0].token == "</s>"
+    )
     assert "".join(steps[-1].hypotheses[0].tokens).removesuffix("</s>").strip() == translation
 
 
@@ -125,17 +127,43 @@ def test_beam_steps_are_the_beams_generate_kept(model_and_tokenizer):
     assert translation == tokenizer.decode(output.sequences[0], skip_special_tokens=True)
     for earlier, later in itertools.pairwise(steps):
         running = [h for h in later.hypotheses if not h.finished]
-        assert 1 <= len(running) <= 4
+        assert len(running) <= 4 and (running or later is steps[-1])  # the last may hold finished ones only
         # each beam extends one kept at the step before, and beams come best first
-        assert all(h.tokens[:-1] in [e.tokens for e in earlier.hypotheses] for h in running)
+        assert all(h.tokens[:-1] == earlier.hypotheses[h.parent].tokens for h in later.hypotheses)
         scores = [h.log_probability for h in running]
         assert scores == sorted(scores, reverse=True)
-    (best,) = [h for step in steps for h in step.hypotheses if h.finished]  # generate() returned this one
-    assert "".join(best.tokens).removesuffix("</s>").strip() == translation
+    (best,) = [h for step in steps for h in step.hypotheses if h.winner]  # generate() returned this one
+    assert best.finished and "".join(best.tokens).removesuffix("</s>").strip() == translation
     # generate()'s score is the log-probability over the length to the power of the length penalty
     length_penalty = model.generation_config.length_penalty
     expected = best.log_probability / len(best.tokens) ** length_penalty
     assert output.sequences_scores[0].item() == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_beams_form_a_tree_whose_finished_hypotheses_are_those_generate_returns():
+    model, tokenizer, source, settings = beam_search_example()
+    steps, translation = decoding_steps(model, tokenizer, source, **settings)
+    assert [h.parent for h in steps[0].hypotheses] == [None] * 3
+    for earlier, later in itertools.pairwise(steps):
+        assert all(h.tokens[:-1] == earlier.hypotheses[h.parent].tokens for h in later.hypotheses)
+    batch = tokenizer(source, return_tensors="pt")
+    with torch.no_grad():
+        output = model.generate(
+            **batch, **settings, num_return_sequences=3, return_dict_in_generate=True, output_scores=True
+        )
+    returned = [
+        "".join(token_labels(tokenizer, sequence[1:])).split("</s>")[0] + "</s>" for sequence in output.sequences
+    ]
+    finished = [h for step in steps for h in step.hypotheses if h.finished]
+    assert sorted("".join(h.tokens) for h in finished) == sorted(returned)
+    assert len({len(h.tokens) for h in finished}) == 3  # they ended at three different steps
+    length_penalty = model.generation_config.length_penalty
+    scores = sorted((h.log_probability / len(h.tokens) ** length_penalty for h in finished), reverse=True)
+    assert scores == pytest.approx(output.sequences_scores.tolist(), abs=1e-4)
+    (winner,) = [h for step in steps for h in step.hypotheses if h.winner]
+    assert "".join(winner.tokens) == returned[0] and translation == tokenizer.decode(
+        output.sequences[0], skip_special_tokens=True
+    )
 
 
 def test_teacher_forced_steps_give_each_reference_token_its_probability(model_and_tokenizer):
@@ -145,6 +173,7 @@ def test_teacher_forced_steps_give_each_reference_token_its_probability(model_an
     outputs, labels = plain_forward(model, tokenizer, SENTENCES[0], TARGET)
     probabilities = outputs.logits[0].softmax(-1)
     assert [step.hypotheses[0].token for step in steps] == token_labels(tokenizer, labels[0])
+    assert [step.hypotheses[0].parent for step in steps] == [None] + [0] * (len(steps) - 1)  # a chain
     for position, step in enumerate(steps):
         hypothesis = step.hypotheses[0]
         assert hypothesis.probability == pytest.approx(probabilities[position, labels[0, position]].item(), abs=1e-6)
