@@ -130,7 +130,8 @@ def translate_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
     parser.add_argument(
         "--threads", type=int, default=None,
-        help="CPU threads (default: torch's, one a core). For a CTranslate2 folder, the default of --inter_threads.",
+        help="CPU threads: torch's (default 1, as fast as two on an idle CPU and twice as fast beside another job), "
+        "or for a CTranslate2 folder batches in parallel, one thread each (default: one a core).",
     )  # fmt: skip
     parser.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -149,10 +150,11 @@ def translate_main(argv: list[str] | None = None) -> None:
         if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
             sys.stdout.reconfigure(encoding="utf-8")
         lines = read_lines(args.input)
-        if args.threads is not None:
-            if args.threads < 1:
-                raise ValueError(f"--threads {args.threads} must be at least 1")
-            torch.set_num_threads(args.threads)
+        if args.threads is not None and args.threads < 1:
+            raise ValueError(f"--threads {args.threads} must be at least 1")
+        # one intra-op thread by default: torch's threads spin at every barrier, and beside another job a thread
+        # that loses its core stalls the rest (bench/bench_threads.py)
+        torch.set_num_threads(args.threads or 1)
         translator = load_translator(
             args.model, args.device, args.dtype, compute_type=args.compute_type,
             inter_threads=args.inter_threads or args.threads, intra_threads=args.intra_threads,

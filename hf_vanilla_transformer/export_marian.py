@@ -33,7 +33,6 @@ from .hub import write_export_card
 from .loading import ModelFolderError, load_model_and_tokenizer
 from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 MARIAN_LAYER_NORM_EPS = 1e-5  # Marian's nn.LayerNorm(d_model), PyTorch's default
 
 
@@ -75,6 +74,7 @@ def marian_config(config) -> MarianConfig:
 
 
 def check_expressible(config) -> None:
+    """Refuse, naming the attribute, a variant of ours that Marian's architecture cannot compute."""
     config_file = os.path.join(config.name_or_path, "config.json")
     problems = [
         ("layer_norm_position", config.layer_norm_position != "post", "Marian's layers are post-LN"),

@@ -145,3 +145,20 @@ def test_the_command_and_python_m_export_and_report_bad_input_in_one_line(export
         f"vanilla-export-marian: error: output_dir {tmp_path / 'marian'} exists and is not empty; add "
         "overwrite_output_dir to replace it"
     )
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_trained_models_export_translates_as_it_does(trained_run, model_and_tokenizer, tmp_path, num_beams):
+    """200 Multi30k test sentences in batches of 20, greedy and beam 4, both at most 60 new tokens (the barely
+    trained fixture repeats itself in some, and Marian lacks our per-sentence limit): every translation the same."""
+    from helpers import TEST, generate_text
+    from hf_vanilla_transformer.data import read_translation_file
+
+    model, tokenizer = model_and_tokenizer
+    marian = MarianMTModel.from_pretrained(export(str(trained_run.output), str(tmp_path / "marian")))
+    sources = [source for source, _ in read_translation_file(TEST, "en", "de")][:200]
+    for start in range(0, len(sources), 20):
+        batch = sources[start : start + 20]
+        expected = generate_text(model, tokenizer, batch, num_beams=num_beams, max_new_tokens=60,
+                                 max_new_tokens_over_source=None)  # fmt: skip
+        assert generate_text(marian, tokenizer, batch, num_beams=num_beams, max_new_tokens=60) == expected

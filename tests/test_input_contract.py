@@ -120,10 +120,12 @@ def test_num_beams_and_length_penalty_reach_generate(folder, tmp_path):
         assert vanilla_translate(folder, [SENTENCE], tmp_path, *flags) == [translation]
 
 
-def test_threads_sets_torchs_threads_and_refuses_zero(folder, tmp_path):
+def test_threads_sets_torchs_threads_one_by_default_and_refuses_zero(folder, tmp_path):
     try:
         vanilla_translate(folder, [SENTENCE], tmp_path, "--threads", "2")
         assert torch.get_num_threads() == 2
+        vanilla_translate(folder, [SENTENCE], tmp_path)
+        assert torch.get_num_threads() == 1  # the default: fastest idle and beside another job (BENCHMARKS.md)
     finally:
         torch.set_num_threads(1)  # the tests' own setting (conftest.py)
     with pytest.raises(SystemExit, match=r"^vanilla-translate: error: --threads 0 must be at least 1$"):
