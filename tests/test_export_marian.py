@@ -81,6 +81,7 @@ def test_the_folder_carries_config_decoding_tokenizer_and_card(exported_pair):
     assert "source length + 50 tokens" in card and "`max_length`" in card  # what does not carry over, said
 
 
+@pytest.mark.slow  # a fresh Python: 8 s of imports, too many for the quick tier
 def test_the_cards_code_runs_with_plain_transformers_no_prompt_no_warning(exported_pair, tmp_path):
     """The card's code, then MarianMTModel, in a Python where `import hf_vanilla_transformer` fails, with standard
     input closed (a prompt would fail): the translation is ours, and nothing but progress bars is printed."""

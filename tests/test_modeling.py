@@ -513,6 +513,7 @@ def test_saved_folder_carries_its_code(tmp_path):
     assert (tmp_path / "modeling_vanilla_transformer.py").exists()
 
 
+@pytest.mark.slow  # a fresh Python: 8 s of imports, too many for the quick tier
 def test_loads_with_remote_code_where_the_package_is_not_importable(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path / "model")

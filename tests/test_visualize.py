@@ -432,6 +432,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(trained_run, tmp_path, a
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 
 
+@pytest.mark.slow  # a fresh Python: 8 s of imports, too many for the quick tier
 def test_the_command_exits_with_status_1_on_bad_input(tmp_path):
     result = vanilla_attention("--model", str(tmp_path), "--source", "A man.", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 1
