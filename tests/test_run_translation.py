@@ -116,7 +116,10 @@ def test_the_saved_model_translates_as_it_was_scored(trained_run, tmp_path):
     assert translations == (output / "generated_predictions.txt").read_text().split("\n")[:-1]
     card = " ".join((output / "README.md").read_text().split())
     assert "beam search with 2 beams and length penalty 1.0." in card
-    assert "decodes as the model was scored: beam size 2, length penalty 1.0 (the paper's: 4 and 0.6)" in card
+    assert (
+        "as `generation_config.json` says, as the model was scored: beam size 2, length penalty 1.0 (the "
+        "paper's: 4 and 0.6), at most the source length + 50 tokens."
+    ) in card
 
 
 def test_model_card_metadata(trained_run):

@@ -414,7 +414,7 @@ def test_the_command_with_a_target_shows_teacher_forcing(trained_run, tmp_path):
     [
         (["--model", "{missing}"], ": error: {missing}: not a model folder (no config.json)"),
         (["--source", ""], ": error: source: the sentence is empty"),
-        (["--source", "a " * 3000], ": error: source: 3002 tokens, more than the model's 1024 positions"),
+        (["--source", "a " * 3000], ": error: source: 3001 tokens, more than the model's 1024 positions"),  # and </s>
         (["--layer", "7"], ": error: layer 7: the model has layers 1 to 2"),
         (["--head", "9"], ": error: head 9: the model has heads 1 to 4"),
         (["--target", " "], ": error: target: the sentence is empty"),
