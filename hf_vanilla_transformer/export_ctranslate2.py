@@ -115,7 +115,7 @@ def _converter_class():
         from ctranslate2.specs import common_spec, transformer_spec
     except ImportError:
         raise ImportError(
-            "exporting to CTranslate2 needs the ctranslate2 package: pip install 'hf-vanilla-transformer[fast]'"
+            "exporting to CTranslate2 needs the ctranslate2 package: pip install ctranslate2 (or the [fast] extra)"
         ) from None
     import torch
 

@@ -11,8 +11,8 @@ their mean over heads, as `KIND_layerL_headH.png` / `KIND_layerL_mean.png` (laye
 opens on the last layer's encoder-decoder attention (mean over heads) and lets a reader pick the kind, layer and
 head; the page needs no network. --steps adds the decoding step by step (greedy and beam search, the beams as a
 tree on the page; with --target, the probability the model gives each reference token), printed and on the page.
-Drawing needs matplotlib (`pip install "hf-vanilla-transformer[pictures]"`); Chinese and Japanese tokens need a CJK
-font (Debian: `apt-get install fonts-wqy-microhei`).
+Drawing needs matplotlib (`pip install matplotlib`, or the [pictures] extra); Chinese and Japanese tokens need a
+CJK font (Debian: `apt-get install fonts-wqy-microhei`).
 """
 
 import functools
