@@ -89,11 +89,13 @@ def main():
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="zh")
     parser.add_argument("--minutes", type=float, default=24)
-    parser.add_argument("--output_dir", default=None, help="default: runs/stock-marian-<data>")
+    parser.add_argument("--output_dir", default=None, help="default: runs/stock-marian-<data in this direction>")
     parser.add_argument("--limit", type=int, default=None, help="only the first N pairs of each split (a dry run)")
     parser.add_argument("--eval_steps", type=int, default=None, help="validation BLEU every N steps of training")
     args = parser.parse_args()
-    output_dir = args.output_dir or os.path.join(REPO_ROOT, "runs", f"stock-marian-{args.data}")
+    # the data folder names one direction (tatoeba-en-zh): the other direction's results are named the other way
+    run_name = args.data.replace(f"{args.target_lang}-{args.source_lang}", f"{args.source_lang}-{args.target_lang}")
+    output_dir = args.output_dir or os.path.join(REPO_ROOT, "runs", f"stock-marian-{run_name}")
     set_seed(1)
     started = time.monotonic()
 
@@ -172,6 +174,7 @@ def main():
     results = {
         "machine": machine(),
         "data": args.data,
+        "direction": f"{args.source_lang}-{args.target_lang}",
         "minutes": args.minutes,
         "steps": trainer.state.global_step,
         "epochs": round(trainer.state.epoch, 2),
@@ -181,7 +184,7 @@ def main():
         **scores,
     }
     print(json.dumps(results, indent=2, ensure_ascii=False))
-    print("wrote", write_results(f"stock_marian_{args.data.replace('-', '_')}", results))
+    print("wrote", write_results(f"stock_marian_{run_name.replace('-', '_')}", results))
 
 
 if __name__ == "__main__":
