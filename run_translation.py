@@ -78,6 +78,9 @@ class ModelArguments:
         default=DEFAULT_NORMALIZATION,
         metadata={"help": "The new BPE's Unicode normal form: NFKC, or NFC to keep full-width punctuation as written."},
     )
+    split_han: bool = field(
+        default=False, metadata={"help": "The new BPE makes each Han (Chinese) character a token of its own."}
+    )
 
 
 @dataclass
@@ -279,6 +282,7 @@ def load_or_train_tokenizer(model_args, splits, resume_from_checkpoint: str | No
         chain(train["source"], train["target"]),
         vocab_size=model_args.vocab_size,
         normalization=model_args.normalization,
+        split_han=model_args.split_han,
     )
 
 

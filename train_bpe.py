@@ -42,6 +42,9 @@ class BpeTrainingArguments:
         default=DEFAULT_NORMALIZATION,
         metadata={"help": "Unicode normal form: NFKC, or NFC to keep full-width punctuation (Chinese) as written."},
     )
+    split_han: bool = field(
+        default=False, metadata={"help": "Make each Han (Chinese) character a token of its own: BPE never joins two."}
+    )
     max_sentences: int | None = field(default=None, metadata={"help": "Train on at most this many sentences."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "Replace a non-empty --output_dir."})
 
@@ -71,6 +74,7 @@ def train(args: BpeTrainingArguments) -> None:
         vocab_size=args.vocab_size,
         min_frequency=args.min_frequency,
         normalization=args.normalization,
+        split_han=args.split_han,
     )
     with atomic_output_dir(args.output_dir, overwrite_output_dir=args.overwrite_output_dir) as staging:
         tokenizer.save_pretrained(staging)

@@ -1,9 +1,9 @@
 """What the shared byte-level BPE does with Chinese: tokens per sentence and per character, and byte pieces.
 
-    python -m bench.bench_tokenizer_chinese [--vocab_sizes 8000 16000 ...]
+    python -m bench.bench_tokenizer_chinese [--vocab_sizes 8000 16000 ...] [--split_han 0 1]
 
 Trains the shared vocabulary on both sides of Tatoeba English–Chinese train at each size (and each normalization)
-and encodes the test set. A Chinese character that is not one token of the vocabulary is encoded as two or three
+and encodes the test set, without and with `split_han` (each Han character a word of its own). A Chinese character that is not one token of the vocabulary is encoded as two or three
 byte pieces: the model has to spell it byte by byte, and a wrong byte decodes to "�". Also counts the test
 references' full-width punctuation that survives the round trip (NFKC turns "，？！" into ASCII).
 """
@@ -13,7 +13,7 @@ import os
 import re
 import statistics
 from collections import Counter
-from itertools import chain
+from itertools import chain, product
 
 from bench.common import SHARED_DATA, machine, write_results
 from hf_vanilla_transformer.data import read_translation_file
@@ -59,18 +59,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab_sizes", type=int, nargs="+", default=[8000, 12000, 16000, 24000])
     parser.add_argument("--normalizations", nargs="+", default=list(NORMALIZERS), choices=list(NORMALIZERS))
+    parser.add_argument("--split_han", nargs="+", type=int, default=[0, 1], choices=[0, 1], help="without, with")
     args = parser.parse_args()
 
     train_pairs = list(read_translation_file(os.path.join(TATOEBA, "train.jsonl"), "en", "zh"))
     test_pairs = list(read_translation_file(os.path.join(TATOEBA, "test.jsonl"), "en", "zh"))
     rows = []
-    for normalization in args.normalizations:
-        for vocab_size in args.vocab_sizes:
-            tokenizer = train_shared_bpe(
-                chain.from_iterable(train_pairs), vocab_size=vocab_size, normalization=normalization
-            )
-            rows.append({"normalization": normalization, **measure(tokenizer, train_pairs, test_pairs)})
-            print(rows[-1])
+    for split_han, normalization, vocab_size in product(args.split_han, args.normalizations, args.vocab_sizes):
+        tokenizer = train_shared_bpe(
+            chain.from_iterable(train_pairs), vocab_size=vocab_size, normalization=normalization, split_han=split_han
+        )
+        rows.append(
+            {"split_han": bool(split_han), "normalization": normalization, **measure(tokenizer, train_pairs, test_pairs)}
+        )
+        print(rows[-1])
     print("wrote", write_results("tokenizer_chinese", {"machine": machine(), "rows": rows}))
 
 

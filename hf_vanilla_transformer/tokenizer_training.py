@@ -12,6 +12,12 @@ Choices, all documented in the README:
 - Byte-level BPE (as GPT-2, RoBERTa and BART): words are split by GPT-2's pre-tokenisation pattern and BPE runs
   over their UTF-8 bytes, with all 256 bytes in the base vocabulary. A character never seen in training is
   encoded as its bytes, never as `<unk>` and never dropped. The paper's BPE runs over characters instead.
+- `split_han=True` makes every Han character (Chinese hanzi, Japanese kanji) a word of its own before BPE, so merges
+  never join two of them: each character seen in training is one token (its two byte merges are learnt first, as
+  the most frequent pairs), and the vocabulary's remaining room goes to the other language. Chinese is then
+  written character by character, as BLEU's `zh` tokenization scores it; without it, the 8,000-token Tatoeba
+  vocabulary spells 2.3% of the test's Chinese characters as byte pieces while it spends tokens on multi-character
+  words.
 - Special tokens `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3, the ids `VanillaTransformerConfig` uses by default.
   Encoding appends `</s>`; the decoder's `<s>` comes from the model (`decoder_start_token_id`).
 """
@@ -19,7 +25,7 @@ Choices, all documented in the README:
 from collections.abc import Iterable
 from typing import Literal
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
@@ -38,6 +44,7 @@ def train_shared_bpe(
     min_frequency: int = 2,
     model_max_length: int = 1024,
     normalization: Normalization = DEFAULT_NORMALIZATION,
+    split_han: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train one BPE vocabulary of (at most) `vocab_size` tokens over `sentences`, streamed into the Rust trainer.
 
@@ -45,7 +52,8 @@ def train_shared_bpe(
     (`hf_vanilla_transformer.data.file_sentences`); errors raised while iterating propagate unchanged.
     `model_max_length` is what `truncation=True` cuts to: the model's `max_position_embeddings`. `normalization` is
     the Unicode normal form text is put in before encoding (NFKC: compatibility characters such as full-width
-    letters and punctuation become their plain forms; NFC: text stays as written).
+    letters and punctuation become their plain forms; NFC: text stays as written). `split_han`: each Han
+    character is a word of its own (see the module's docstring).
     """
     if vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
@@ -59,7 +67,12 @@ def train_shared_bpe(
 
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = NORMALIZERS[normalization]()
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(r"\p{Han}"), behavior="isolated"), byte_level])
+        if split_han
+        else byte_level
+    )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

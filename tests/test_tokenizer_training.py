@@ -149,3 +149,14 @@ def test_vocabulary_floor():
     assert MIN_VOCAB_SIZE == 260
     with pytest.raises(ValueError, match="no sentences"):
         train_shared_bpe([], vocab_size=300)
+
+
+def test_split_han_makes_each_chinese_character_one_token_and_stays_lossless(tmp_path):
+    merged, split = (train_shared_bpe(CHINESE, vocab_size=400, normalization="NFC", split_han=s) for s in (False, True))
+    decoded = [split.convert_tokens_to_string([token]) for token in split.tokenize("你好吗？我很好，谢谢！")]
+    assert decoded == ["你", "好", "吗", "？", "我", "很", "好", "，", "谢", "谢", "！"]
+    assert any(len(merged.convert_tokens_to_string([t])) > 1 for t in merged.tokenize("你好吗？我很好，谢谢！"))
+    for text in ["他说：“我们走吧。” OK, let's go!", "Mixed 中文 and English 字", "没见过的字：龘"]:
+        assert round_trip(split, text) == text
+    split.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path)("我们走吧")["input_ids"] == split("我们走吧")["input_ids"]

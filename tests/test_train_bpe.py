@@ -56,6 +56,15 @@ def test_normalization_flag(tmp_path):
     assert not (tmp_path / "lower").exists()
 
 
+def test_split_han_flag(tmp_path):
+    (tmp_path / "zh.txt").write_text("你好吗？我很好，谢谢！\n请给我一杯水。\n" * 50, encoding="utf-8")
+    for flag in ("false", "true"):
+        train_bpe.main(["--train_file", str(tmp_path / "zh.txt"), "--vocab_size", "300", "--normalization", "NFC",
+                        "--split_han", flag, "--output_dir", str(tmp_path / flag)])  # fmt: skip
+    merged, split = (AutoTokenizer.from_pretrained(tmp_path / flag) for flag in ("false", "true"))
+    assert len(split.tokenize("请给我一杯水")) == 6 > len(merged.tokenize("请给我一杯水"))
+
+
 def test_plain_text_files_dataset_folders_and_max_sentences(tmp_path):
     (tmp_path / "en.txt").write_text("a small cat\n\nthe small dog\n" * 50)
     (tmp_path / "de.txt").write_text("eine kleine Katze\nder kleine Hund\n" * 50)
