@@ -3,9 +3,10 @@
     python -m bench.bench_tokenizer_chinese [--vocab_sizes 8000 16000 ...] [--split_han 0 1]
 
 Trains the shared vocabulary on both sides of Tatoeba English–Chinese train at each size (and each normalization)
-and encodes the test set, without and with `split_han` (each Han character a word of its own). A Chinese character that is not one token of the vocabulary is encoded as two or three
-byte pieces: the model has to spell it byte by byte, and a wrong byte decodes to "�". Also counts the test
-references' full-width punctuation that survives the round trip (NFKC turns "，？！" into ASCII).
+and encodes the test set, without and with `split_han` (each Han character a word of its own). A Chinese character
+that is not one token of the vocabulary is encoded as two or three byte pieces: the model has to spell it byte by
+byte, and a wrong byte decodes to "�". Also counts the test references' full-width punctuation that survives the
+round trip (NFKC turns "，？！" into ASCII).
 """
 
 import argparse
@@ -69,9 +70,8 @@ def main():
         tokenizer = train_shared_bpe(
             chain.from_iterable(train_pairs), vocab_size=vocab_size, normalization=normalization, split_han=split_han
         )
-        rows.append(
-            {"split_han": bool(split_han), "normalization": normalization, **measure(tokenizer, train_pairs, test_pairs)}
-        )
+        row = {"split_han": bool(split_han), "normalization": normalization}
+        rows.append({**row, **measure(tokenizer, train_pairs, test_pairs)})
         print(rows[-1])
     print("wrote", write_results("tokenizer_chinese", {"machine": machine(), "rows": rows}))
 
