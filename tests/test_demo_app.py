@@ -3,72 +3,29 @@ gradio_client, and published as a Space."""
 
 import hashlib
 import json
-import os
 import random
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 import yaml
 from matplotlib.image import imread
 
-from helpers import MULTI30K, REPO_ROOT, SENTENCES, generate_text, headless_chromium
+from helpers import DEMO_APP, MULTI30K, REPO_ROOT, SENTENCES, free_port, generate_text, headless_chromium, served_demo
 from hf_vanilla_transformer.data import read_translation_file
 from hf_vanilla_transformer.visualize import STEP_COLUMNS, WINNER
 
 pytestmark = pytest.mark.slow  # a Gradio server on a trained run, Chromium
 
-APP = REPO_ROOT / "demo" / "app.py"
 START_TIMEOUT, PAGE_TIMEOUT = 120, 90
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def demo_url(trained_run, tmp_path_factory):
     """The app serving the trained run's model on a free loopback port; stopped when the tests are done."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("demo") / "server.log"
-    # this checkout's package, not the one installed: they differ in a git worktree
-    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    environment = {**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONPATH": python_path}
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(
-            [sys.executable, str(APP), "--model", str(trained_run.output), "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=environment,
-        )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"the demo exited with {server.returncode}:\n{log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the demo did not answer within {START_TIMEOUT} s:\n{log_path.read_text()}")
-            time.sleep(0.5)
+    command = [sys.executable, str(DEMO_APP), "--model", str(trained_run.output), "--port", str(free_port())]
+    with served_demo(command, tmp_path_factory.mktemp("demo") / "server.log", START_TIMEOUT) as url:
         yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +102,7 @@ def answer(result) -> tuple:
 def test_a_missing_model_is_one_clear_line(tmp_path):
     missing = tmp_path / "no-model"
     result = subprocess.run(
-        [sys.executable, str(APP), "--model", str(missing)], capture_output=True, text=True, timeout=120
+        [sys.executable, str(DEMO_APP), "--model", str(missing)], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 1
     assert str(missing) in result.stderr.strip().splitlines()[-1]
