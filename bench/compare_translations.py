@@ -7,7 +7,7 @@ For each file, one line a test sentence: sacreBLEU (tokenized for the target lan
 the translations NFKC-normalised (what a model trained on NFKC text writes: "？" becomes "?"); and with
 translations and references both NFKC-normalised (a score blind to full-width against ASCII punctuation). Also
 counts empty translations, U+FFFD replacement characters (a byte-level model's invalid byte sequences) and the
-length ratio.
+length ratio, and prints BLEU's brevity penalty and n-gram precisions.
 """
 
 import argparse
@@ -16,7 +16,7 @@ import unicodedata
 
 from bench.common import SHARED_DATA
 from hf_vanilla_transformer.data import read_translation_file
-from hf_vanilla_transformer.metrics import load_translation_metric
+from hf_vanilla_transformer.metrics import bleu_tokenization, load_translation_metric, sacrebleu_bleu
 
 
 def nfkc(texts: list[str]) -> list[str]:
@@ -44,8 +44,14 @@ def main():
         signature.add(scores["bleu_signature"])
         return f"{scores['bleu']:6.2f} {scores['chrf']:6.2f}"
 
+    def profile(predictions, refs) -> str:
+        """Where BLEU goes: the brevity penalty and the 1- to 4-gram precisions."""
+        bleu = sacrebleu_bleu(bleu_tokenization(args.target_lang)).corpus_score(predictions, [refs])
+        return f"{bleu.bp:5.3f} " + "/".join(f"{p:.1f}" for p in bleu.precisions)
+
     signature = set()
-    print(f"{'file':<60} {'BLEU   chrF':>13} {'output NFKC':>13} {'both NFKC':>13} empty  U+FFFD  length")
+    print(f"{'file':<60} {'BLEU   chrF':>13} {'output NFKC':>13} {'both NFKC':>13} empty  U+FFFD  length"
+          "    BP  n-gram precisions")  # fmt: skip
     for path in args.files:
         with open(path, encoding="utf-8") as file:
             predictions = file.read().split("\n")[: len(references)]
@@ -55,7 +61,7 @@ def main():
         print(
             f"{path[-60:]:<60} {score(predictions, references):>13} {score(nfkc(predictions), references):>13} "
             f"{score(nfkc(predictions), nfkc(references)):>13} {sum(not p for p in predictions):5d} "
-            f"{sum(p.count(chr(0xFFFD)) for p in predictions):7d} {length:7.3f}"
+            f"{sum(p.count(chr(0xFFFD)) for p in predictions):7d} {length:7.3f} {profile(predictions, references)}"
         )
     print("BLEU signature:", *signature)
 

@@ -116,7 +116,7 @@ TINY_RUN = [
 CHINESE_RUN = [
     *TINY_MODEL_RUN, "--train_file", str(TATOEBA_EN_ZH / "train.jsonl"),
     "--validation_file", str(TATOEBA_EN_ZH / "validation.jsonl"), "--test_file", str(TATOEBA_EN_ZH / "test.jsonl"),
-    "--source_lang", "en", "--target_lang", "zh", "--normalization", "NFC",
+    "--source_lang", "en", "--target_lang", "zh", "--normalization", "NFC", "--split_han", "true",
     "--num_beams", "2",
     "--max_train_samples", "6000", "--max_eval_samples", "40", "--max_predict_samples", "50", "--vocab_size", "1500",
     "--max_steps", "300", "--warmup_steps", "60",
