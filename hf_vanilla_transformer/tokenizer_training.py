@@ -13,8 +13,8 @@ Choices, all documented in the README:
   over their UTF-8 bytes, with all 256 bytes in the base vocabulary. A character never seen in training is
   encoded as its bytes, never as `<unk>` and never dropped. The paper's BPE runs over characters instead.
 - `split_han=True` makes every Han character (Chinese hanzi, Japanese kanji) a word of its own before BPE, so merges
-  never join two of them: each character seen in training is one token (its two byte merges are learnt first, as
-  the most frequent pairs), and the vocabulary's remaining room goes to the other language. Chinese is then
+  never join two of them: a character seen often enough in training becomes one token (no merge is spent on
+  multi-character words), and the vocabulary's remaining room goes to the other language. Chinese is then
   written character by character, as BLEU's `zh` tokenization scores it; without it, the 8,000-token Tatoeba
   vocabulary spells 2.3% of the test's Chinese characters as byte pieces while it spends tokens on multi-character
   words.
