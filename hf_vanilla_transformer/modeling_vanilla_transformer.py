@@ -10,6 +10,8 @@ embeddings, and no biases in the attention projections (Equation 1's W^Q, W^K, W
 """
 
 import copy
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -40,6 +42,28 @@ from .configuration_vanilla_transformer import VanillaTransformerConfig
 # holds it under this name, so that it is saved with the model and can be changed or switched off (None).
 MAX_OUTPUT_LENGTH_OVER_INPUT = 50
 SOURCE_LENGTH_LIMIT = "max_new_tokens_over_source"
+
+# transformers 5.24 renamed the decoder's cache from `past_key_values` to `cache` (in model arguments, model outputs
+# and the masking functions) and takes the old name until 5.40; earlier releases know only `past_key_values`. The
+# model follows the release it runs on: its outputs hold the cache under that release's name, and its forward takes
+# both names, warning about the old one only where transformers has deprecated it.
+CACHE_NAME = (
+    "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqModelOutput)} else "past_key_values"
+)
+
+
+def accepts_both_cache_names(forward: Callable) -> Callable:
+    """`forward(cache=...)` also called as `forward(past_key_values=...)`, the name transformers before 5.24 passes."""
+    if CACHE_NAME == "cache":
+        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+
+    @functools.wraps(forward)
+    def forward_taking_the_old_name(*args, past_key_values: Cache | None = None, **kwargs):
+        if past_key_values is not None:
+            kwargs["cache"] = past_key_values
+        return forward(*args, **kwargs)
+
+    return forward_taking_the_old_name
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -437,7 +461,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         self.post_init()
 
     @capture_outputs
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # transformers' models take both until 5.40
+    @accepts_both_cache_names
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -466,11 +490,11 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states = self.embeddings(input_ids, inputs_embeds, past_length=past_length)
 
-        self_attention_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=attention_mask,
-            cache=cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache,
+        self_attention_mask = create_causal_mask(  # the cache by position: its keyword's name depends on the release
+            self.config,
+            hidden_states,
+            attention_mask,
+            cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache,
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -489,7 +513,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
             )
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **{CACHE_NAME: cache})
 
 
 # --- The model (Section 3) ----------------------------------------------------------------------------------------
@@ -523,7 +547,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             self.decoder.embeddings.embed_tokens = value
 
     @can_return_tuple
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_both_cache_names
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -563,7 +587,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            cache=decoder_outputs.cache,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -616,7 +640,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self.generation_config = paper_generation_config(config)
 
     @can_return_tuple
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_both_cache_names
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

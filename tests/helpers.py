@@ -26,6 +26,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.modeling_vanilla_transformer import CACHE_NAME
 
 PAD, BOS, EOS = 1, 0, 2
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +50,17 @@ def tiny_config(**overrides) -> VanillaTransformerConfig:
     )
     values.update(overrides)
     return VanillaTransformerConfig(**values)
+
+
+def cache_of(output):
+    """The decoder cache of a model output, under the name of the installed transformers (`CACHE_NAME`)."""
+    return getattr(output, CACHE_NAME)
+
+
+def enable_checkpointing(model) -> None:
+    """Gradient checkpointing on, by transformers' public name of this release (5.24 renamed it "activation")."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
 
 
 def tiny_model(seed: int = 0, attn_implementation: str = "eager", **overrides):

@@ -15,12 +15,13 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, CompileConfig, EncoderDecoderCache
 
-from helpers import BOS, EOS, PAD, tiny_config, tiny_model
+from helpers import BOS, EOS, PAD, cache_of, tiny_config, tiny_model
 from hf_vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
+from hf_vanilla_transformer.modeling_vanilla_transformer import CACHE_NAME
 
 SOURCES = torch.tensor([[5, 6, 7, 8, 9, EOS], [10, 11, EOS, PAD, PAD, PAD]])
 MASK = (SOURCES != PAD).long()
@@ -181,25 +182,27 @@ def test_head_dim_is_filled_in_as_transformers_configs_do():
 
 def test_the_cache_is_transformers_encoder_decoder_cache_in_config_head_dim():
     model = tiny_model(**EQUAL_HEADS)
-    cache = forward(model, use_cache=True).cache
+    cache = cache_of(forward(model, use_cache=True))
     config = model.config
     assert isinstance(cache, EncoderDecoderCache) and len(cache) == config.decoder_layers
     for layer in range(config.decoder_layers):
         assert cache.self_attention_cache.layers[layer].keys.shape == (2, 4, TARGETS.shape[1], config.head_dim)
         assert cache.cross_attention_cache.layers[layer].values.shape == (2, 4, SOURCES.shape[1], config.head_dim)
-    assert forward(model, use_cache=False).cache is None
+    assert cache_of(forward(model, use_cache=False)) is None
 
 
-def test_the_old_name_of_the_cache_is_accepted_with_a_deprecation_warning():
+def test_the_cache_is_taken_by_either_name_and_the_old_one_warns_where_transformers_deprecated_it():
+    """transformers 5.24 renamed `past_key_values` to `cache`; earlier releases of the window pass the old name."""
     model = tiny_model()
     first = forward(model, decoder_input_ids=TARGETS[:, :2], use_cache=True)
     step = dict(encoder_outputs=(first.encoder_last_hidden_state,), decoder_input_ids=TARGETS[:, 2:3])
-    new_name = forward(model, **step, cache=copy.deepcopy(first.cache))
+    new_name = forward(model, **step, cache=copy.deepcopy(cache_of(first)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        old_name = forward(model, **step, past_key_values=copy.deepcopy(first.cache))
-    assert any("past_key_values" in str(warning.message) for warning in caught)
-    assert old_name.logits.equal(new_name.logits) and old_name.cache.get_seq_length() == 3
+        old_name = forward(model, **step, past_key_values=copy.deepcopy(cache_of(first)))
+    warned = any("past_key_values" in str(warning.message) for warning in caught)
+    assert warned == (CACHE_NAME == "cache")
+    assert old_name.logits.equal(new_name.logits) and cache_of(old_name).get_seq_length() == 3
     torch.testing.assert_close(new_name.logits, forward(model, decoder_input_ids=TARGETS[:, :3]).logits[:, 2:])
 
 

@@ -14,8 +14,9 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from helpers import BOS, EOS, PAD, letter_tokenizer, random_token_dataset, tiny_model
+from helpers import BOS, EOS, PAD, cache_of, letter_tokenizer, random_token_dataset, tiny_model
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.modeling_vanilla_transformer import CACHE_NAME
 from hf_vanilla_transformer.training import TranslationTrainer
 
 SOURCES = torch.tensor([[5, 6, 7, 8, 9, 10, EOS], [11, 12, 13, EOS, PAD, PAD, PAD]])
@@ -111,10 +112,10 @@ def test_stepwise_decoding_with_cache_equals_one_teacher_forced_forward():
                 encoder_outputs=encoder_outputs,
                 attention_mask=MASK,
                 decoder_input_ids=targets[:, t : t + 1],
-                cache=cache,
+                **{CACHE_NAME: cache},
                 use_cache=True,
             )
-            cache = outputs.cache
+            cache = cache_of(outputs)
             steps.append(outputs.logits)
     assert isinstance(cache, EncoderDecoderCache) and cache.get_seq_length() == targets.shape[1]
     assert (torch.cat(steps, dim=1) - teacher_forced).abs().max().item() <= 1e-5

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from helpers import BOS, EOS, PAD, tiny_config, tiny_model
+from helpers import BOS, EOS, PAD, cache_of, enable_checkpointing, tiny_config, tiny_model
 from hf_vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
@@ -329,13 +329,13 @@ def test_labels_give_cross_entropy_ignoring_minus_100_and_shift_right():
 def test_a_training_step_builds_no_cache_and_decoding_still_does(padded_batch):
     """The Trainer's label smoother calls the model without labels; a training step must not fill a cache then."""
     model = tiny_model().train()
-    assert model(**padded_batch).cache is None
+    assert cache_of(model(**padded_batch)) is None
     with torch.no_grad():  # generate() from a model in training mode, or any forward without gradients
-        assert model(**padded_batch).cache.get_seq_length() == padded_batch["decoder_input_ids"].shape[1]
-    assert model(**padded_batch, use_cache=True).cache is not None  # asked for, it is built
-    assert model.eval()(**padded_batch).cache is not None
+        assert cache_of(model(**padded_batch)).get_seq_length() == padded_batch["decoder_input_ids"].shape[1]
+    assert cache_of(model(**padded_batch, use_cache=True)) is not None  # asked for, it is built
+    assert cache_of(model.eval()(**padded_batch)) is not None
     model.config.use_cache = False
-    assert model(**padded_batch).cache is None
+    assert cache_of(model(**padded_batch)) is None
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
@@ -349,7 +349,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     def gradients(checkpointing: bool):
         model = tiny_model().train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            enable_checkpointing(model)
         layers = [*model.model.encoder.layers, *model.model.decoder.layers]
         assert all(layer.gradient_checkpointing == checkpointing for layer in layers)
         model(**batch).loss.backward()
