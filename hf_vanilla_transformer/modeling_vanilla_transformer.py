@@ -9,7 +9,6 @@ Where the paper is silent we follow its reference code, tensor2tensor: Xavier-un
 embeddings, and no biases in the attention projections (Equation 1's W^Q, W^K, W^V, W^O are plain matrices).
 """
 
-import copy
 import dataclasses
 import functools
 import math
@@ -39,7 +38,8 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 
 # Section 6.1: "We set the maximum output length during inference to input length + 50". The generation config
-# holds it under this name, so that it is saved with the model and can be changed or switched off (None).
+# holds it under this name, so that it is saved with the model and can be changed or switched off (None); read it
+# with `source_length_margin`.
 MAX_OUTPUT_LENGTH_OVER_INPUT = 50
 SOURCE_LENGTH_LIMIT = "max_new_tokens_over_source"
 
@@ -712,59 +712,36 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
         Each sentence may produce at most its source length (its non-padding tokens) + `max_new_tokens_over_source`
         tokens, `</s>` included: 50 in the paper's generation config; `None`, or no such setting, switches the rule
-        off. It holds together with `max_length` / `max_new_tokens` (the call's, the `generation_config`'s or the
-        model's): a sentence ends at whichever limit comes first. The model's own `max_length` is
-        `max_position_embeddings`, so that the `Seq2SeqTrainer`, which fills every unset generation setting with
-        transformers' defaults (`max_length=20`) during evaluation, changes nothing.
+        off. The limit is a logits processor given to transformers' `generate()`, which reads every other setting as
+        it always does: `max_length` / `max_new_tokens` hold as well, and a sentence ends at whichever limit comes
+        first. The model's own `max_length` is `max_position_embeddings`, so that the batch runs until each sentence
+        has ended at its own limit (transformers' default would be 20).
         """
-        configs = [config for config in (generation_config, self.generation_config) if config is not None]
-        margin = kwargs.pop(
-            SOURCE_LENGTH_LIMIT,
-            next(
-                (getattr(config, SOURCE_LENGTH_LIMIT) for config in configs if hasattr(config, SOURCE_LENGTH_LIMIT)),
-                None,
-            ),
-        )
-        if margin is None:
-            return super().generate(inputs, generation_config, logits_processor=logits_processor, **kwargs)
-
-        decoder_input_ids = kwargs.get("decoder_input_ids")
-        prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
-        limits = (self._source_lengths(inputs, kwargs) + margin).clamp(
-            max=self.config.max_position_embeddings - prompt_length
-        )
-        eos_token_id = next((c.eos_token_id for c in configs if c.eos_token_id is not None), self.config.eos_token_id)
-        logits_processor = LogitsProcessorList(
-            [*(logits_processor or []), SourceLengthLimitLogitsProcessor(limits, eos_token_id, prompt_length)]
-        )
-        # The batch stops at its longest sentence's limit, or earlier where a length was set.
-        new_tokens = int(limits.max())
-        set_limit = self._set_new_token_limit([kwargs, *map(vars, configs)], prompt_length)
-        if set_limit is not None:
-            new_tokens = min(new_tokens, set_limit)
-        lengths = {"max_length": prompt_length + new_tokens, "max_new_tokens": None}
-        if generation_config is None:
-            kwargs.update(lengths)
-        else:  # transformers deprecates generation settings passed beside a generation_config
-            generation_config = copy.deepcopy(generation_config)
-            generation_config.update(**lengths)
+        # the call's setting, else the given generation config's, else the model's (as transformers fills settings)
+        holding = [c for c in (generation_config, self.generation_config) if hasattr(c, SOURCE_LENGTH_LIMIT)]
+        margin = kwargs.pop(SOURCE_LENGTH_LIMIT, source_length_margin(holding[0]) if holding else None)
+        if margin is not None:
+            decoder_input_ids = kwargs.get("decoder_input_ids")
+            prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
+            limits = (self.source_lengths(inputs, kwargs) + margin).clamp(
+                max=self.config.max_position_embeddings - prompt_length
+            )
+            eos_token_id = next(
+                value
+                for value in (
+                    kwargs.get("eos_token_id"),
+                    getattr(generation_config, "eos_token_id", None),
+                    self.generation_config.eos_token_id,
+                    self.config.eos_token_id,
+                )
+                if value is not None
+            )
+            logits_processor = LogitsProcessorList(
+                [*(logits_processor or []), SourceLengthLimitLogitsProcessor(limits, eos_token_id, prompt_length)]
+            )
         return super().generate(inputs, generation_config, logits_processor=logits_processor, **kwargs)
 
-    @staticmethod
-    def _set_new_token_limit(settings: list[dict], prompt_length: int) -> int | None:
-        """The number of new tokens that `max_new_tokens` or else `max_length` allow, each from the first of
-        `settings` (the call's keyword arguments, then generation configs) that sets it, as transformers reads them.
-        """
-
-        def first(key):
-            return next((setting[key] for setting in settings if setting.get(key) is not None), None)
-
-        if (max_new_tokens := first("max_new_tokens")) is not None:
-            return max_new_tokens
-        max_length = first("max_length")
-        return None if max_length is None else max_length - prompt_length
-
-    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor:
+    def source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor:
         """Non-padding tokens per source sentence: from the attention mask, else from the input ids, else every
         position of the input embeddings or of the encoder output, else the one `<s>` transformers starts from."""
         if kwargs.get("attention_mask") is not None:
@@ -779,6 +756,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         else:  # no source at all: transformers encodes a one-token source, `<s>`
             return torch.ones(1, dtype=torch.long, device=self.device)
         return torch.full((states.shape[0],), states.shape[1], device=states.device)
+
+
+def source_length_margin(generation_config: GenerationConfig) -> int | None:
+    """Section 6.1's margin, `max_new_tokens_over_source`, as a generation config holds it (None: no such limit)."""
+    return getattr(generation_config, SOURCE_LENGTH_LIMIT, None)
 
 
 def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
