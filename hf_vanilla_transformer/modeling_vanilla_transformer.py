@@ -3,7 +3,7 @@
 The file follows the paper: embeddings and positional encoding (Sections 3.4, 3.5), scaled dot-product and
 multi-head attention (3.2), the position-wise feed-forward network (3.3), the residual connection around every
 sub-layer (3.1, 5.4), encoder and decoder layers and stacks (3.1), the model, and the generation head with its
-tied pre-softmax projection (3.4) and the paper's decoding defaults (6.1).
+tied pre-softmax projection (3.4) and the paper's decoding (6.1).
 
 Where the paper is silent we follow its reference code, tensor2tensor: Xavier-uniform projections, N(0, d_model^-0.5)
 embeddings, and no biases in the attention projections (Equation 1's W^Q, W^K, W^V, W^O are plain matrices).
@@ -396,15 +396,26 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, VanillaTransformerSinusoidalPositionalEncoding):
             init.copy_(module.encoding, module.compute_encoding(*module.encoding.shape))
 
-    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True) -> nn.Embedding:
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True) -> nn.Embedding:
         """transformers resizes the input embeddings (the encoder's table) and an untied output projection. Our one
-        vocabulary has a third table when `tie_word_embeddings=False`, the decoder's, which is resized with them."""
-        resized = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        vocabulary has a third table when `tie_word_embeddings=False`, the decoder's, which is resized with them:
+        its rows kept, new rows the old rows' mean (`mean_resizing`, as transformers centres its new rows) or drawn
+        as `_init_weights` draws them. (transformers' own table resizing is private, so this small piece is ours.)"""
+        resized = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         decoder_embeddings = self.get_decoder().embeddings
-        if decoder_embeddings.embed_tokens is not resized:
-            decoder_embeddings.embed_tokens = self._get_resized_embeddings(
-                decoder_embeddings.embed_tokens, resized.num_embeddings, mean_resizing=mean_resizing
+        old = decoder_embeddings.embed_tokens
+        if old is not resized and old.num_embeddings != resized.num_embeddings:
+            new = nn.Embedding(
+                resized.num_embeddings, old.embedding_dim, device=old.weight.device, dtype=old.weight.dtype
             )
+            kept = min(old.num_embeddings, new.num_embeddings)
+            with torch.no_grad():
+                new.weight[:kept] = old.weight[:kept]
+                if mean_resizing:
+                    new.weight[kept:] = old.weight.mean(0)
+                else:
+                    new.weight[kept:].normal_(0.0, self.config.init_std)
+            decoder_embeddings.embed_tokens = new
         return resized
 
 
@@ -626,8 +637,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     """Section 3 with Section 3.4's output: decoder output x the shared embedding matrix^T, then softmax.
 
     `labels` give the cross-entropy loss over non-ignored (-100) positions; label smoothing (Section 5.4) is the
-    Trainer's `label_smoothing_factor`. `generate()` defaults to the paper's decoding (Section 6.1): beam 4,
-    length penalty 0.6, at most source length + 50 new tokens.
+    Trainer's `label_smoothing_factor`. `generate()` decodes as the generation config says: a new model greedily
+    within Section 6.1's length rule (source length + 50 tokens), as transformers' models built from a config do;
+    `paper_generation_config` is Section 6.1's beam search (beam 4, length penalty 0.6), which `run_translation.py`
+    writes into every model it trains.
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
@@ -637,7 +650,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        self.generation_config = paper_generation_config(config)
+        self.generation_config = length_limited_generation_config(config)
 
     @can_return_tuple
     @accepts_both_cache_names
@@ -690,19 +703,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
         decoder_and_encoder_outputs = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         return Seq2SeqLMOutput(loss=loss, logits=logits, **decoder_and_encoder_outputs)
-
-    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search's reordering of the cache after each step, for the decoder's own keys and values only.
-
-        A beam only ever continues a beam of its own sentence, and all beams of a sentence attend to the same
-        source, so the encoder-decoder attention keys and values are equal in every pair of rows a reorder would
-        swap: copying them (what `EncoderDecoderCache.reorder_cache` does) would change nothing.
-        """
-        if isinstance(cache, EncoderDecoderCache):
-            cache.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            cache.reorder_cache(beam_idx)
-        return cache
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -763,18 +763,14 @@ def source_length_margin(generation_config: GenerationConfig) -> int | None:
     return getattr(generation_config, SOURCE_LENGTH_LIMIT, None)
 
 
-def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
-    """Section 6.1's decoding: beam size 4, length penalty alpha = 0.6, output length at most input length + 50.
-
-    transformers' beam search divides a hypothesis' log-probability by |Y|^alpha, where |Y| counts generated
-    tokens; the paper (after GNMT, Wu et al. 2016) divides by ((5 + |Y|) / 6)^alpha. Both favour longer outputs
-    as alpha grows; their rankings can differ for short outputs. `max_length` is the longest sequence the
-    positions allow (transformers would otherwise default it to 20); each sentence's own limit is
-    `max_new_tokens_over_source` tokens beyond its source length, applied by `generate()`.
+def length_limited_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
+    """A new model's decoding: transformers' defaults (greedy, as every transformers model built from a config
+    decodes), within Section 6.1's length rule: each sentence ends by its source length + 50 tokens, and
+    `max_length` is the longest sequence the positions allow (transformers would otherwise stop at 20). A trained
+    model carries its own decoding in its generation config: `run_translation.py` writes the paper's
+    (`paper_generation_config`) into every model it trains.
     """
     return GenerationConfig(
-        num_beams=4,
-        length_penalty=0.6,
         max_length=config.max_position_embeddings,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
@@ -784,8 +780,21 @@ def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfi
     )
 
 
+def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
+    """Section 6.1's decoding: beam size 4, length penalty alpha = 0.6, output length at most input length + 50.
+
+    transformers' beam search divides a hypothesis' log-probability by |Y|^alpha, where |Y| counts generated
+    tokens; the paper (after GNMT, Wu et al. 2016) divides by ((5 + |Y|) / 6)^alpha. Both favour longer outputs
+    as alpha grows; their rankings can differ for short outputs.
+    """
+    generation_config = length_limited_generation_config(config)
+    generation_config.update(num_beams=4, length_penalty=0.6)
+    return generation_config
+
+
 __all__ = [
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
+    "paper_generation_config",
 ]

@@ -191,6 +191,31 @@ def test_the_cache_is_transformers_encoder_decoder_cache_in_config_head_dim():
     assert cache_of(forward(model, use_cache=False)) is None
 
 
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_a_generation_continues_from_its_own_cache_as_if_never_stopped(cache_implementation):
+    """generate() returns its cache (greedy decoding: transformers' beam search returns the running beams' cache),
+    and a call given all the tokens so far, their mask (from which transformers tells how many the cache holds) and
+    that cache goes on exactly as one longer call, scores included, over several continuations. The cache is
+    checked by continuing from it, not only by its shape."""
+    model = tiny_model()
+    source = dict(input_ids=SOURCES, attention_mask=MASK, return_dict_in_generate=True, output_scores=True)
+    with torch.no_grad():
+        whole = model.generate(**source, cache_implementation=cache_implementation, max_new_tokens=9)
+        so_far = model.generate(**source, cache_implementation=cache_implementation, max_new_tokens=3)
+        scores = list(so_far.scores)
+        for _ in range(2):  # 3 + 3 + 3 tokens
+            cache = cache_of(so_far)
+            assert cache.get_seq_length() == so_far.sequences.shape[1] - 1
+            so_far = model.generate(
+                **source, decoder_input_ids=so_far.sequences, decoder_attention_mask=torch.ones_like(so_far.sequences),
+                **{CACHE_NAME: cache}, max_new_tokens=3,
+            )  # fmt: skip
+            scores += so_far.scores
+    assert so_far.sequences.equal(whole.sequences)
+    for continued, at_once in zip(scores, whole.scores, strict=True):
+        torch.testing.assert_close(continued, at_once)
+
+
 def test_the_cache_is_taken_by_either_name_and_the_old_one_warns_where_transformers_deprecated_it():
     """transformers 5.24 renamed `past_key_values` to `cache`; earlier releases of the window pass the old name."""
     model = tiny_model()
@@ -253,15 +278,28 @@ def test_a_static_cache_decodes_as_the_dynamic_one(num_beams):
 
 
 @pytest.mark.slow
-def test_a_static_cache_compiled_as_one_graph_decodes_as_eager():
+def test_generate_with_a_static_cache_compiles_the_decoding_step_once_and_reuses_it():
+    """With a static cache and a compile config, generate() compiles the model's step (one graph: fullgraph) and
+    reuses it at every step and in a later, shorter call, decoding as eager does. Compilations are counted by a
+    backend that records each graph dynamo hands it and runs it as traced."""
     model = tiny_model(**EQUAL_HEADS)
-    compile_config = CompileConfig(fullgraph=True)
-    compile_config._compile_all_devices = True  # transformers compiles on GPUs only unless told
-    greedy = dict(num_beams=1, length_penalty=1.0, cache_implementation="static")
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(error_on_recompile=True):  # decoding step after step reuses one graph
-        compiled = generate(model, **greedy, compile_config=compile_config)
-    assert compiled.equal(generate(model, num_beams=1))
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs, **options):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compile_config = CompileConfig(fullgraph=True, backend=counting_backend)
+    # transformers compiles generate() on accelerators only, unless told by this switch, which its own tests use to
+    # compile on a CPU; there is no public one
+    compile_config._compile_all_devices = True
+    static = dict(cache_implementation="static", compile_config=compile_config)
+    torch.compiler.reset()
+    compiled = generate(model, **static, max_new_tokens=8)
+    assert len(graphs) == 1  # the decoding step; transformers runs the first step, the prefill, uncompiled
+    assert compiled.equal(generate(model, max_new_tokens=8))
+    shorter = generate(model, **static, max_new_tokens=4)  # the cache keeps its size: no new graph
+    assert len(graphs) == 1 and shorter.equal(compiled[:, :5])
 
 
 def test_peft_lora_on_the_attention_projections_trains_saves_and_loads(tmp_path):
