@@ -41,6 +41,7 @@ from hf_vanilla_transformer.metrics import (
     sacrebleu_bleu,
     score_generated,
 )
+from hf_vanilla_transformer.modeling_vanilla_transformer import paper_generation_config
 from hf_vanilla_transformer.tokenizer_training import (
     DEFAULT_NORMALIZATION,
     DEFAULT_VOCAB_SIZE,
@@ -309,7 +310,9 @@ def load_or_build_model(model_args, tokenizer):
             **parse_config_overrides(model_args.config_overrides),
         },
     )
-    return VanillaTransformerForConditionalGeneration(config)
+    model = VanillaTransformerForConditionalGeneration(config)
+    model.generation_config = paper_generation_config(config)  # Section 6.1, which --num_beams etc. then change
+    return model
 
 
 def tokenize(dataset, tokenizer, max_source_length: int, max_target_length: int):

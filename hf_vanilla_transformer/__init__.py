@@ -11,6 +11,7 @@ from .modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
+    paper_generation_config,
 )
 from .pipeline_translation import TranslationPipeline
 
@@ -30,4 +31,5 @@ __all__ = [
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
+    "paper_generation_config",
 ]

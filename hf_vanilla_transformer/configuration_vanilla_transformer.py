@@ -8,16 +8,51 @@ trains on Multi30k on a laptop CPU.
 
 import copy
 import math
+import re
+from importlib.metadata import PackageNotFoundError, version
 from typing import Literal
 
-from huggingface_hub.dataclasses import strict
-from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
+# The oldest releases the model is tested with (.ci/run runs the quick tests at the transformers floor). This file
+# travels with every saved folder and runs first when a folder is loaded as remote code, so the check comes before
+# anything that an older release lacks: there, loading fails with one line naming both versions. A saved config also
+# records them (`required_versions`), and loading it where they are not met fails the same way.
+REQUIRED_VERSIONS = {"transformers": "5.16.0", "torch": "2.6.0"}
+
+
+def release(text: str) -> tuple[int, ...]:
+    """'5.16.0' -> (5, 16, 0); a local or pre-release suffix ('2.13.0+cpu', '2.7.0a0') is left out."""
+    match = re.match(r"\d+(?:\.\d+)*", text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"{text!r} is not a version number")
+    return tuple(int(part) for part in match.group().split("."))
+
+
+def check_versions(required: dict, what: str = "hf-vanilla-transformer", error: type[Exception] = ImportError) -> None:
+    """Raise `error`, in one line, where an installed package is older than `required` ({package: version}) says."""
+    if not isinstance(required, dict):
+        raise ValueError(f"{what}: required_versions={required!r} is not a mapping of packages to versions")
+    for package, oldest in required.items():
+        try:
+            installed = version(package)
+        except (ValueError, PackageNotFoundError):
+            raise error(f"{what} needs {package} >= {oldest}, which is not installed") from None
+        if release(installed) < release(oldest):
+            raise error(
+                f"{what} needs {package} >= {oldest}; this Python has {package} {installed} "
+                f"(pip install -U '{package}>={oldest}')"
+            )
+
+
+check_versions(REQUIRED_VERSIONS)
+
+from huggingface_hub.dataclasses import strict  # noqa: E402 (after the version check, which an old release needs)
+from transformers import PretrainedConfig  # noqa: E402
+from transformers.activations import ACT2FN  # noqa: E402
 
 # The config names our pipeline (`custom_pipelines`, its default below), and a saved folder must carry the file it
 # names. transformers ships the files a class needs by its relative imports (`custom_object_save`): this import is
 # that dependency, the way transformers knows it, not an import for a side effect of running the module.
-from .pipeline_translation import CUSTOM_PIPELINES
+from .pipeline_translation import CUSTOM_PIPELINES  # noqa: E402
 
 PositionEmbeddingType = Literal["sinusoidal", "learned"]
 LayerNormPosition = Literal["post", "pre"]
@@ -119,6 +154,13 @@ class VanillaTransformerConfig(PretrainedConfig):
         custom_pipelines (`dict`, *optional*):
             Defaults to our `TranslationPipeline` for the `translation` task, so that `pipeline()` finds it in any
             saved folder (transformers 5 has no translation pipeline of its own).
+        required_versions (`dict`, *optional*):
+            The oldest transformers and torch the model's code runs on (`REQUIRED_VERSIONS`), recorded in every
+            saved config. A loaded config whose record the installed packages do not meet is refused.
+
+    `head_dim` and `init_std`, when not given, are filled from `d_model` and the head counts at construction, and
+    follow them when those change later (`config.d_model = 512` on a loaded config gives d_k = 512 / h, not the
+    loaded d_k); a value that differs from what they would give was chosen, and stays.
     """
 
     model_type = "vanilla_transformer"
@@ -157,19 +199,45 @@ class VanillaTransformerConfig(PretrainedConfig):
     eos_token_id: int | None = 2
     decoder_start_token_id: int | None = 0
     custom_pipelines: dict | None = None
+    required_versions: dict | None = None
 
     def __post_init__(self, **kwargs):
+        if self.required_versions is not None:  # a saved config: the versions the code that wrote it needed
+            check_versions(self.required_versions, "this model (required_versions in its config)", ValueError)
+        self.required_versions = dict(REQUIRED_VERSIONS)
         super().__post_init__(**kwargs)
         # Checked here so that a bad value raises a plain ValueError at construction; `validate()` (run again by
         # `save_pretrained`) calls the same check for values changed later.
         self.validate_hyperparameters()
         if self.init_std is None:
-            self.init_std = self.d_model**-0.5
-        encoder_d_k = self.d_model // self.encoder_attention_heads
-        if self.head_dim is None and encoder_d_k == self.d_model // self.decoder_attention_heads:
-            self.head_dim = encoder_d_k
+            self.init_std = self.derived_init_std()
+        if self.head_dim is None:
+            self.head_dim = self.derived_head_dim()
         if self.custom_pipelines is None:
             self.custom_pipelines = copy.deepcopy(CUSTOM_PIPELINES)
+
+    def derived_head_dim(self) -> int | None:
+        """d_k = d_model / h (Section 3.2.2) when both stacks' head counts give the same whole number, else None."""
+        d_ks = {self.d_model / self.encoder_attention_heads, self.d_model / self.decoder_attention_heads}
+        d_k = d_ks.pop()
+        return int(d_k) if not d_ks and d_k.is_integer() else None
+
+    def derived_init_std(self) -> float:
+        return self.d_model**-0.5
+
+    def __setattr__(self, name, value):
+        # a filled-in head_dim or init_std follows the attributes it was derived from (see the class docstring)
+        name = self.attribute_map.get(name, name)
+        followers = []
+        if name in ("d_model", "encoder_attention_heads", "decoder_attention_heads") and "head_dim" in self.__dict__:
+            followers = [
+                (follower, derive)
+                for follower, derive in (("head_dim", self.derived_head_dim), ("init_std", self.derived_init_std))
+                if getattr(self, follower) == derive() and (follower == "head_dim" or name == "d_model")
+            ]
+        super().__setattr__(name, value)
+        for follower, derive in followers:
+            super().__setattr__(follower, derive())
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":

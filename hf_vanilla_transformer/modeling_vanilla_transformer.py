@@ -3,13 +3,14 @@
 The file follows the paper: embeddings and positional encoding (Sections 3.4, 3.5), scaled dot-product and
 multi-head attention (3.2), the position-wise feed-forward network (3.3), the residual connection around every
 sub-layer (3.1, 5.4), encoder and decoder layers and stacks (3.1), the model, and the generation head with its
-tied pre-softmax projection (3.4) and the paper's decoding defaults (6.1).
+tied pre-softmax projection (3.4) and the paper's decoding (6.1).
 
 Where the paper is silent we follow its reference code, tensor2tensor: Xavier-uniform projections, N(0, d_model^-0.5)
 embeddings, and no biases in the attention projections (Equation 1's W^Q, W^K, W^V, W^O are plain matrices).
 """
 
-import copy
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -37,9 +38,32 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 
 # Section 6.1: "We set the maximum output length during inference to input length + 50". The generation config
-# holds it under this name, so that it is saved with the model and can be changed or switched off (None).
+# holds it under this name, so that it is saved with the model and can be changed or switched off (None); read it
+# with `source_length_margin`.
 MAX_OUTPUT_LENGTH_OVER_INPUT = 50
 SOURCE_LENGTH_LIMIT = "max_new_tokens_over_source"
+
+# transformers 5.24 renamed the decoder's cache from `past_key_values` to `cache` (in model arguments, model outputs
+# and the masking functions) and takes the old name until 5.40; earlier releases know only `past_key_values`. The
+# model follows the release it runs on: its outputs hold the cache under that release's name, and its forward takes
+# both names, warning about the old one only where transformers has deprecated it.
+CACHE_NAME = (
+    "cache" if "cache" in {field.name for field in dataclasses.fields(Seq2SeqModelOutput)} else "past_key_values"
+)
+
+
+def accepts_both_cache_names(forward: Callable) -> Callable:
+    """`forward(cache=...)` also called as `forward(past_key_values=...)`, the name transformers before 5.24 passes."""
+    if CACHE_NAME == "cache":
+        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+
+    @functools.wraps(forward)
+    def forward_taking_the_old_name(*args, past_key_values: Cache | None = None, **kwargs):
+        if past_key_values is not None:
+            kwargs["cache"] = past_key_values
+        return forward(*args, **kwargs)
+
+    return forward_taking_the_old_name
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -372,15 +396,26 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, VanillaTransformerSinusoidalPositionalEncoding):
             init.copy_(module.encoding, module.compute_encoding(*module.encoding.shape))
 
-    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True) -> nn.Embedding:
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True) -> nn.Embedding:
         """transformers resizes the input embeddings (the encoder's table) and an untied output projection. Our one
-        vocabulary has a third table when `tie_word_embeddings=False`, the decoder's, which is resized with them."""
-        resized = super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        vocabulary has a third table when `tie_word_embeddings=False`, the decoder's, which is resized with them:
+        its rows kept, new rows the old rows' mean (`mean_resizing`, as transformers centres its new rows) or drawn
+        as `_init_weights` draws them. (transformers' own table resizing is private, so this small piece is ours.)"""
+        resized = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         decoder_embeddings = self.get_decoder().embeddings
-        if decoder_embeddings.embed_tokens is not resized:
-            decoder_embeddings.embed_tokens = self._get_resized_embeddings(
-                decoder_embeddings.embed_tokens, resized.num_embeddings, mean_resizing=mean_resizing
+        old = decoder_embeddings.embed_tokens
+        if old is not resized and old.num_embeddings != resized.num_embeddings:
+            new = nn.Embedding(
+                resized.num_embeddings, old.embedding_dim, device=old.weight.device, dtype=old.weight.dtype
             )
+            kept = min(old.num_embeddings, new.num_embeddings)
+            with torch.no_grad():
+                new.weight[:kept] = old.weight[:kept]
+                if mean_resizing:
+                    new.weight[kept:] = old.weight.mean(0)
+                else:
+                    new.weight[kept:].normal_(0.0, self.config.init_std)
+            decoder_embeddings.embed_tokens = new
         return resized
 
 
@@ -437,7 +472,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         self.post_init()
 
     @capture_outputs
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # transformers' models take both until 5.40
+    @accepts_both_cache_names
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -466,11 +501,11 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
         past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states = self.embeddings(input_ids, inputs_embeds, past_length=past_length)
 
-        self_attention_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=attention_mask,
-            cache=cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache,
+        self_attention_mask = create_causal_mask(  # the cache by position: its keyword's name depends on the release
+            self.config,
+            hidden_states,
+            attention_mask,
+            cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache,
         )
         encoder_attention_mask = create_bidirectional_mask(
             config=self.config,
@@ -489,7 +524,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
             )
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, **{CACHE_NAME: cache})
 
 
 # --- The model (Section 3) ----------------------------------------------------------------------------------------
@@ -523,7 +558,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             self.decoder.embeddings.embed_tokens = value
 
     @can_return_tuple
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_both_cache_names
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -563,7 +598,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            cache=decoder_outputs.cache,
+            **{CACHE_NAME: getattr(decoder_outputs, CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -602,8 +637,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     """Section 3 with Section 3.4's output: decoder output x the shared embedding matrix^T, then softmax.
 
     `labels` give the cross-entropy loss over non-ignored (-100) positions; label smoothing (Section 5.4) is the
-    Trainer's `label_smoothing_factor`. `generate()` defaults to the paper's decoding (Section 6.1): beam 4,
-    length penalty 0.6, at most source length + 50 new tokens.
+    Trainer's `label_smoothing_factor`. `generate()` decodes as the generation config says: a new model greedily
+    within Section 6.1's length rule (source length + 50 tokens), as transformers' models built from a config do;
+    `paper_generation_config` is Section 6.1's beam search (beam 4, length penalty 0.6), which `run_translation.py`
+    writes into every model it trains.
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
@@ -613,10 +650,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        self.generation_config = paper_generation_config(config)
+        self.generation_config = length_limited_generation_config(config)
 
     @can_return_tuple
-    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    @accepts_both_cache_names
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -667,19 +704,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_and_encoder_outputs = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         return Seq2SeqLMOutput(loss=loss, logits=logits, **decoder_and_encoder_outputs)
 
-    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search's reordering of the cache after each step, for the decoder's own keys and values only.
-
-        A beam only ever continues a beam of its own sentence, and all beams of a sentence attend to the same
-        source, so the encoder-decoder attention keys and values are equal in every pair of rows a reorder would
-        swap: copying them (what `EncoderDecoderCache.reorder_cache` does) would change nothing.
-        """
-        if isinstance(cache, EncoderDecoderCache):
-            cache.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            cache.reorder_cache(beam_idx)
-        return cache
-
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
@@ -688,59 +712,36 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
 
         Each sentence may produce at most its source length (its non-padding tokens) + `max_new_tokens_over_source`
         tokens, `</s>` included: 50 in the paper's generation config; `None`, or no such setting, switches the rule
-        off. It holds together with `max_length` / `max_new_tokens` (the call's, the `generation_config`'s or the
-        model's): a sentence ends at whichever limit comes first. The model's own `max_length` is
-        `max_position_embeddings`, so that the `Seq2SeqTrainer`, which fills every unset generation setting with
-        transformers' defaults (`max_length=20`) during evaluation, changes nothing.
+        off. The limit is a logits processor given to transformers' `generate()`, which reads every other setting as
+        it always does: `max_length` / `max_new_tokens` hold as well, and a sentence ends at whichever limit comes
+        first. The model's own `max_length` is `max_position_embeddings`, so that the batch runs until each sentence
+        has ended at its own limit (transformers' default would be 20).
         """
-        configs = [config for config in (generation_config, self.generation_config) if config is not None]
-        margin = kwargs.pop(
-            SOURCE_LENGTH_LIMIT,
-            next(
-                (getattr(config, SOURCE_LENGTH_LIMIT) for config in configs if hasattr(config, SOURCE_LENGTH_LIMIT)),
-                None,
-            ),
-        )
-        if margin is None:
-            return super().generate(inputs, generation_config, logits_processor=logits_processor, **kwargs)
-
-        decoder_input_ids = kwargs.get("decoder_input_ids")
-        prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
-        limits = (self._source_lengths(inputs, kwargs) + margin).clamp(
-            max=self.config.max_position_embeddings - prompt_length
-        )
-        eos_token_id = next((c.eos_token_id for c in configs if c.eos_token_id is not None), self.config.eos_token_id)
-        logits_processor = LogitsProcessorList(
-            [*(logits_processor or []), SourceLengthLimitLogitsProcessor(limits, eos_token_id, prompt_length)]
-        )
-        # The batch stops at its longest sentence's limit, or earlier where a length was set.
-        new_tokens = int(limits.max())
-        set_limit = self._set_new_token_limit([kwargs, *map(vars, configs)], prompt_length)
-        if set_limit is not None:
-            new_tokens = min(new_tokens, set_limit)
-        lengths = {"max_length": prompt_length + new_tokens, "max_new_tokens": None}
-        if generation_config is None:
-            kwargs.update(lengths)
-        else:  # transformers deprecates generation settings passed beside a generation_config
-            generation_config = copy.deepcopy(generation_config)
-            generation_config.update(**lengths)
+        # the call's setting, else the given generation config's, else the model's (as transformers fills settings)
+        holding = [c for c in (generation_config, self.generation_config) if hasattr(c, SOURCE_LENGTH_LIMIT)]
+        margin = kwargs.pop(SOURCE_LENGTH_LIMIT, source_length_margin(holding[0]) if holding else None)
+        if margin is not None:
+            decoder_input_ids = kwargs.get("decoder_input_ids")
+            prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
+            limits = (self.source_lengths(inputs, kwargs) + margin).clamp(
+                max=self.config.max_position_embeddings - prompt_length
+            )
+            eos_token_id = next(
+                value
+                for value in (
+                    kwargs.get("eos_token_id"),
+                    getattr(generation_config, "eos_token_id", None),
+                    self.generation_config.eos_token_id,
+                    self.config.eos_token_id,
+                )
+                if value is not None
+            )
+            logits_processor = LogitsProcessorList(
+                [*(logits_processor or []), SourceLengthLimitLogitsProcessor(limits, eos_token_id, prompt_length)]
+            )
         return super().generate(inputs, generation_config, logits_processor=logits_processor, **kwargs)
 
-    @staticmethod
-    def _set_new_token_limit(settings: list[dict], prompt_length: int) -> int | None:
-        """The number of new tokens that `max_new_tokens` or else `max_length` allow, each from the first of
-        `settings` (the call's keyword arguments, then generation configs) that sets it, as transformers reads them.
-        """
-
-        def first(key):
-            return next((setting[key] for setting in settings if setting.get(key) is not None), None)
-
-        if (max_new_tokens := first("max_new_tokens")) is not None:
-            return max_new_tokens
-        max_length = first("max_length")
-        return None if max_length is None else max_length - prompt_length
-
-    def _source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor:
+    def source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor:
         """Non-padding tokens per source sentence: from the attention mask, else from the input ids, else every
         position of the input embeddings or of the encoder output, else the one `<s>` transformers starts from."""
         if kwargs.get("attention_mask") is not None:
@@ -757,18 +758,19 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return torch.full((states.shape[0],), states.shape[1], device=states.device)
 
 
-def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
-    """Section 6.1's decoding: beam size 4, length penalty alpha = 0.6, output length at most input length + 50.
+def source_length_margin(generation_config: GenerationConfig) -> int | None:
+    """Section 6.1's margin, `max_new_tokens_over_source`, as a generation config holds it (None: no such limit)."""
+    return getattr(generation_config, SOURCE_LENGTH_LIMIT, None)
 
-    transformers' beam search divides a hypothesis' log-probability by |Y|^alpha, where |Y| counts generated
-    tokens; the paper (after GNMT, Wu et al. 2016) divides by ((5 + |Y|) / 6)^alpha. Both favour longer outputs
-    as alpha grows; their rankings can differ for short outputs. `max_length` is the longest sequence the
-    positions allow (transformers would otherwise default it to 20); each sentence's own limit is
-    `max_new_tokens_over_source` tokens beyond its source length, applied by `generate()`.
+
+def length_limited_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
+    """A new model's decoding: transformers' defaults (greedy, as every transformers model built from a config
+    decodes), within Section 6.1's length rule: each sentence ends by its source length + 50 tokens, and
+    `max_length` is the longest sequence the positions allow (transformers would otherwise stop at 20). A trained
+    model carries its own decoding in its generation config: `run_translation.py` writes the paper's
+    (`paper_generation_config`) into every model it trains.
     """
     return GenerationConfig(
-        num_beams=4,
-        length_penalty=0.6,
         max_length=config.max_position_embeddings,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
@@ -778,8 +780,21 @@ def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfi
     )
 
 
+def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
+    """Section 6.1's decoding: beam size 4, length penalty alpha = 0.6, output length at most input length + 50.
+
+    transformers' beam search divides a hypothesis' log-probability by |Y|^alpha, where |Y| counts generated
+    tokens; the paper (after GNMT, Wu et al. 2016) divides by ((5 + |Y|) / 6)^alpha. Both favour longer outputs
+    as alpha grows; their rankings can differ for short outputs.
+    """
+    generation_config = length_limited_generation_config(config)
+    generation_config.update(num_beams=4, length_penalty=0.6)
+    return generation_config
+
+
 __all__ = [
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
+    "paper_generation_config",
 ]

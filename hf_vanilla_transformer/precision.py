@@ -5,14 +5,23 @@ times faster than float32 ones; on CPUs without them (the AMD EPYCs of AVX2 only
 to float32 for the arithmetic, which costs more than float32 alone.
 """
 
+from pathlib import Path
+
 import torch
 
 from .loading import default_device
 
+BF16_UNITS = ("avx512_bf16", "amx_bf16")  # named alike by torch.cpu.get_capabilities() and Linux's /proc/cpuinfo
+
 
 def cpu_has_bf16_units() -> bool:
-    capabilities = torch.cpu.get_capabilities()
-    return bool(capabilities.get("avx512_bf16") or capabilities.get("amx_bf16"))
+    # torch.cpu.get_capabilities() arrived in torch 2.11; older torch answers only through private functions, so
+    # there we read the flags Linux lists, and elsewhere say no: float32, the dtype that is right on every CPU
+    if hasattr(torch.cpu, "get_capabilities"):
+        capabilities = torch.cpu.get_capabilities()
+        return any(capabilities.get(unit) for unit in BF16_UNITS)
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.exists() and not set(BF16_UNITS).isdisjoint(cpuinfo.read_text().split())
 
 
 def translation_dtype(name: str, device: str | None) -> torch.dtype:

@@ -26,6 +26,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.modeling_vanilla_transformer import CACHE_NAME, paper_generation_config
 
 PAD, BOS, EOS = 1, 0, 2
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +52,17 @@ def tiny_config(**overrides) -> VanillaTransformerConfig:
     return VanillaTransformerConfig(**values)
 
 
+def cache_of(output):
+    """The decoder cache of a model output, under the name of the installed transformers (`CACHE_NAME`)."""
+    return getattr(output, CACHE_NAME)
+
+
+def enable_checkpointing(model) -> None:
+    """Gradient checkpointing on, by transformers' public name of this release (5.24 renamed it "activation")."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+
+
 def tiny_model(seed: int = 0, attn_implementation: str = "eager", **overrides):
     torch.manual_seed(seed)
     model = VanillaTransformerForConditionalGeneration(tiny_config(**overrides))
@@ -74,8 +86,11 @@ def letter_tokenizer() -> PreTrainedTokenizerFast:
 
 def beam_search_example():
     """A tiny random model whose beam search (3 beams, 8 tokens at most) finishes three hypotheses at different
-    steps, drops others and stops with some still running: seed 5 was picked for that."""
-    return tiny_model(5, vocab_size=14), letter_tokenizer(), "a b c d e", {"num_beams": 3, "max_new_tokens": 8}
+    steps, drops others and stops with some still running: seed 5 was picked for that, with the paper's length
+    penalty, which a trained model's generation config holds."""
+    model = tiny_model(5, vocab_size=14)
+    model.generation_config = paper_generation_config(model.config)
+    return model, letter_tokenizer(), "a b c d e", {"num_beams": 3, "max_new_tokens": 8}
 
 
 def round_trip(tokenizer, text: str) -> str:

@@ -1,14 +1,17 @@
 """VanillaTransformerConfig: the paper's defaults, presets, HF attribute names and clear errors for bad values."""
 
 import inspect
+import json
 from typing import Literal
 
 import pytest
 import torch
+import transformers
 from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import AutoConfig
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.configuration_vanilla_transformer import REQUIRED_VERSIONS, release
 
 
 def test_defaults_are_the_papers_base_model():
@@ -126,3 +129,52 @@ def test_round_trip_through_auto_config(tmp_path):
     assert type(loaded) is VanillaTransformerConfig
     assert loaded.to_diff_dict() == config.to_diff_dict()
     assert (loaded.position_embedding_type, loaded.head_dim, loaded.d_model) == ("learned", 16, 256)
+
+
+def test_a_saved_config_records_the_oldest_releases_its_code_needs(tmp_path):
+    VanillaTransformerConfig().save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["required_versions"] == REQUIRED_VERSIONS == {"transformers": "5.16.0", "torch": "2.6.0"}
+    assert release(transformers.__version__) >= release(REQUIRED_VERSIONS["transformers"])
+    assert release("2.13.0+cpu") == (2, 13, 0) and release("2.7.0a0") == (2, 7, 0)
+
+
+def test_a_config_whose_recorded_releases_are_not_installed_is_refused_naming_both_versions():
+    with pytest.raises(ValueError) as error:
+        VanillaTransformerConfig(required_versions={"torch": "99.0"})
+    assert str(error.value) == (
+        f"this model (required_versions in its config) needs torch >= 99.0; this Python has torch {torch.__version__} "
+        "(pip install -U 'torch>=99.0')"
+    )
+    # met: the record becomes this code's own
+    assert VanillaTransformerConfig(required_versions={"torch": "1.0"}).required_versions == REQUIRED_VERSIONS
+
+
+def test_a_filled_in_head_dim_and_init_std_follow_d_model_and_the_head_counts(tmp_path):
+    VanillaTransformerConfig.from_preset("small").save_pretrained(tmp_path)  # saves head_dim 64, init_std 1/16
+    loaded = VanillaTransformerConfig.from_pretrained(tmp_path)
+    assert (loaded.head_dim, loaded.init_std) == (64, 256**-0.5)
+    loaded.d_model = 512
+    assert (loaded.head_dim, loaded.init_std) == (128, 512**-0.5)
+    model = VanillaTransformerForConditionalGeneration(loaded)
+    assert model.model.encoder.layers[0].self_attn.q_proj.weight.shape == (512, 512)  # d_k = d_model / h, h = 4
+    loaded.hidden_size = 256  # the standard name, through attribute_map
+    loaded.num_attention_heads = 8  # the encoder's heads only: the stacks now disagree, so there is no one d_k
+    assert (loaded.head_dim, loaded.attention_head_dims(8), loaded.attention_head_dims(4)) == (None, (32, 32), (64, 64))
+    loaded.decoder_attention_heads = 8
+    assert loaded.head_dim == 32
+    by_keyword = VanillaTransformerConfig.from_pretrained(tmp_path, d_model=128)
+    assert (by_keyword.head_dim, by_keyword.init_std) == (32, 128**-0.5)
+
+
+def test_a_chosen_head_dim_and_init_std_stay_when_d_model_changes():
+    config = VanillaTransformerConfig.from_preset("small", head_dim=16, init_std=0.02)
+    config.d_model = 512
+    assert (config.head_dim, config.init_std) == (16, 0.02)
+    config.d_model = 250  # d_model / h need not be whole where head_dim is chosen
+    assert config.attention_head_dims(4) == (16, 16)
+    derived = VanillaTransformerConfig.from_preset("small")
+    derived.d_model = 250  # 250 / 4 heads: no whole d_k, refused where the model is built
+    assert derived.head_dim is None
+    with pytest.raises(ValueError, match="encoder_attention_heads=4 is invalid: it must divide d_model=250"):
+        derived.validate_hyperparameters()

@@ -15,12 +15,13 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, CompileConfig, EncoderDecoderCache
 
-from helpers import BOS, EOS, PAD, tiny_config, tiny_model
+from helpers import BOS, EOS, PAD, cache_of, tiny_config, tiny_model
 from hf_vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
+from hf_vanilla_transformer.modeling_vanilla_transformer import CACHE_NAME
 
 SOURCES = torch.tensor([[5, 6, 7, 8, 9, EOS], [10, 11, EOS, PAD, PAD, PAD]])
 MASK = (SOURCES != PAD).long()
@@ -181,25 +182,52 @@ def test_head_dim_is_filled_in_as_transformers_configs_do():
 
 def test_the_cache_is_transformers_encoder_decoder_cache_in_config_head_dim():
     model = tiny_model(**EQUAL_HEADS)
-    cache = forward(model, use_cache=True).cache
+    cache = cache_of(forward(model, use_cache=True))
     config = model.config
     assert isinstance(cache, EncoderDecoderCache) and len(cache) == config.decoder_layers
     for layer in range(config.decoder_layers):
         assert cache.self_attention_cache.layers[layer].keys.shape == (2, 4, TARGETS.shape[1], config.head_dim)
         assert cache.cross_attention_cache.layers[layer].values.shape == (2, 4, SOURCES.shape[1], config.head_dim)
-    assert forward(model, use_cache=False).cache is None
+    assert cache_of(forward(model, use_cache=False)) is None
 
 
-def test_the_old_name_of_the_cache_is_accepted_with_a_deprecation_warning():
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_a_generation_continues_from_its_own_cache_as_if_never_stopped(cache_implementation):
+    """generate() returns its cache (greedy decoding: transformers' beam search returns the running beams' cache),
+    and a call given all the tokens so far, their mask (from which transformers tells how many the cache holds) and
+    that cache goes on exactly as one longer call, scores included, over several continuations. The cache is
+    checked by continuing from it, not only by its shape."""
+    model = tiny_model()
+    source = dict(input_ids=SOURCES, attention_mask=MASK, return_dict_in_generate=True, output_scores=True)
+    with torch.no_grad():
+        whole = model.generate(**source, cache_implementation=cache_implementation, max_new_tokens=9)
+        so_far = model.generate(**source, cache_implementation=cache_implementation, max_new_tokens=3)
+        scores = list(so_far.scores)
+        for _ in range(2):  # 3 + 3 + 3 tokens
+            cache = cache_of(so_far)
+            assert cache.get_seq_length() == so_far.sequences.shape[1] - 1
+            so_far = model.generate(
+                **source, decoder_input_ids=so_far.sequences, decoder_attention_mask=torch.ones_like(so_far.sequences),
+                **{CACHE_NAME: cache}, max_new_tokens=3,
+            )  # fmt: skip
+            scores += so_far.scores
+    assert so_far.sequences.equal(whole.sequences)
+    for continued, at_once in zip(scores, whole.scores, strict=True):
+        torch.testing.assert_close(continued, at_once)
+
+
+def test_the_cache_is_taken_by_either_name_and_the_old_one_warns_where_transformers_deprecated_it():
+    """transformers 5.24 renamed `past_key_values` to `cache`; earlier releases of the window pass the old name."""
     model = tiny_model()
     first = forward(model, decoder_input_ids=TARGETS[:, :2], use_cache=True)
     step = dict(encoder_outputs=(first.encoder_last_hidden_state,), decoder_input_ids=TARGETS[:, 2:3])
-    new_name = forward(model, **step, cache=copy.deepcopy(first.cache))
+    new_name = forward(model, **step, cache=copy.deepcopy(cache_of(first)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        old_name = forward(model, **step, past_key_values=copy.deepcopy(first.cache))
-    assert any("past_key_values" in str(warning.message) for warning in caught)
-    assert old_name.logits.equal(new_name.logits) and old_name.cache.get_seq_length() == 3
+        old_name = forward(model, **step, past_key_values=copy.deepcopy(cache_of(first)))
+    warned = any("past_key_values" in str(warning.message) for warning in caught)
+    assert warned == (CACHE_NAME == "cache")
+    assert old_name.logits.equal(new_name.logits) and cache_of(old_name).get_seq_length() == 3
     torch.testing.assert_close(new_name.logits, forward(model, decoder_input_ids=TARGETS[:, :3]).logits[:, 2:])
 
 
@@ -250,15 +278,28 @@ def test_a_static_cache_decodes_as_the_dynamic_one(num_beams):
 
 
 @pytest.mark.slow
-def test_a_static_cache_compiled_as_one_graph_decodes_as_eager():
+def test_generate_with_a_static_cache_compiles_the_decoding_step_once_and_reuses_it():
+    """With a static cache and a compile config, generate() compiles the model's step (one graph: fullgraph) and
+    reuses it at every step and in a later, shorter call, decoding as eager does. Compilations are counted by a
+    backend that records each graph dynamo hands it and runs it as traced."""
     model = tiny_model(**EQUAL_HEADS)
-    compile_config = CompileConfig(fullgraph=True)
-    compile_config._compile_all_devices = True  # transformers compiles on GPUs only unless told
-    greedy = dict(num_beams=1, length_penalty=1.0, cache_implementation="static")
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(error_on_recompile=True):  # decoding step after step reuses one graph
-        compiled = generate(model, **greedy, compile_config=compile_config)
-    assert compiled.equal(generate(model, num_beams=1))
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs, **options):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compile_config = CompileConfig(fullgraph=True, backend=counting_backend)
+    # transformers compiles generate() on accelerators only, unless told by this switch, which its own tests use to
+    # compile on a CPU; there is no public one
+    compile_config._compile_all_devices = True
+    static = dict(cache_implementation="static", compile_config=compile_config)
+    torch.compiler.reset()
+    compiled = generate(model, **static, max_new_tokens=8)
+    assert len(graphs) == 1  # the decoding step; transformers runs the first step, the prefill, uncompiled
+    assert compiled.equal(generate(model, max_new_tokens=8))
+    shorter = generate(model, **static, max_new_tokens=4)  # the cache keeps its size: no new graph
+    assert len(graphs) == 1 and shorter.equal(compiled[:, :5])
 
 
 def test_peft_lora_on_the_attention_projections_trains_saves_and_loads(tmp_path):

@@ -9,7 +9,10 @@ from transformers import AutoModelForSeq2SeqLM, MarianMTModel
 
 from helpers import letter_tokenizer, run_python, tiny_model
 from hf_vanilla_transformer.export_marian import export, marian_feature_order, marian_model
-from hf_vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
+from hf_vanilla_transformer.modeling_vanilla_transformer import (
+    VanillaTransformerSinusoidalPositionalEncoding,
+    paper_generation_config,
+)
 
 # decoding without the per-sentence limit, which Marian does not have, so that an untrained model's endless
 # translations stop at the same place in both
@@ -45,6 +48,7 @@ def exported_pair(tmp_path_factory):
     """A tiny model folder of ours and its Marian export."""
     folder = tmp_path_factory.mktemp("export")
     model = tiny_model(vocab_size=14, max_position_embeddings=24)  # an untrained model's translations end soon
+    model.generation_config = paper_generation_config(model.config)  # a trained model's decoding
     model.save_pretrained(folder / "ours")
     letter_tokenizer().save_pretrained(folder / "ours")
     export(str(folder / "ours"), str(folder / "marian"))

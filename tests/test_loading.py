@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from hypothesis import event, given
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
@@ -98,6 +99,10 @@ def drop_config_keys(folder: Path, *names: str, **values) -> None:
          "Should have a `model_type` key in its config.json"),
         # our folders name our code (auto_map): with an unknown model type transformers refuses to run it
         (lambda f: edit_config(f, model_type="bert"), "", "contains custom code which must be executed"),
+        (lambda f: edit_config(f, required_versions={"transformers": "99.1.0"}), "config.json",
+         "this model (required_versions in its config) needs transformers >= 99.1.0; this Python has transformers "
+         f"{transformers.__version__}"),
+        (lambda f: edit_config(f, required_versions={"torch": "two"}), "config.json", "'two' is not a version number"),
         (lambda f: (f / "config.json").write_text("[1, 2]"), "config.json", "holds a JSON list, not an object"),
         (lambda f: (f / "config.json").write_bytes(b"\x00\xff"), "config.json", "not a valid JSON file"),
         (lambda f: edit_weights(f, set_nan), "model.safetensors", "model.shared.weight holds NaN or infinite values"),
