@@ -407,7 +407,7 @@ def write_model_card(trainer, run: Run, card_results: dict, results: dict, examp
     picture = write_card_picture(trainer.model, run.tokenizer, example[0], args.output_dir)
     card = render_model_card(
         trainer.model,
-        model_id=args.hub_model_id or os.path.basename(os.path.abspath(args.output_dir)),
+        model_id=args.output_dir,  # the folder as given, which loads from where the run started; a push renames it
         source_lang=data_args.source_lang,
         target_lang=data_args.target_lang,
         results=card_results,

@@ -5,12 +5,15 @@ top-level scripts `run_translation.py` and `train_bpe.py` share: a flag parser w
 files (expanded to flags, which the parser then checks) and `--config_overrides`.
 
 Library functions raise plain exceptions that name their own parameters; each command reports them in its own
-name, in one line, with a non-zero exit.
+name, in one line, with a non-zero exit. The console scripts' flag values are checked as argparse reads them
+(`CommandParser` and the `type=` functions below: one line, exit status 2), so that a value that cannot work stops
+a command before it reads, loads or writes anything.
 """
 
 import argparse
 import io
 import json
+import math
 import os
 import re
 import signal
@@ -21,8 +24,9 @@ import yaml
 from transformers import HfArgumentParser
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .files import atomic_output_dir, write_text_atomically
-from .loading import one_line
+from .extras import require
+from .files import atomic_output_dir, check_output_dir, write_text_atomically
+from .loading import one_line, parse_device
 
 RECIPE_EXTENSIONS = (".yaml", ".yml", ".json")
 FLAG_NAME = re.compile(r"[A-Za-z][\w-]*")
@@ -108,28 +112,105 @@ def scalar(text: str):
     return value
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The console scripts' argparse: a bad flag or value is one line, `PROG: error: argument --flag: ...`, and exit
+    status 2, where argparse would print the usage (several lines) above it. Each flag's value is checked by its
+    `type=` (the functions below), so that nothing is loaded, read or written before every flag is known good."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """A count of at least 1: a batch size, a number of beams, tokens, threads."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """A number, not NaN or infinite (float() takes both)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def device_name(text: str) -> str:
+    """A device torch can name (cpu, cuda, cuda:1, mps, ...); whether this machine has it is checked by the engine
+    that runs on it (torch or CTranslate2), before the model is loaded."""
+    try:
+        parse_device(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def input_file(text: str) -> str:
+    """A file to read ('-': standard input)."""
+    if text != "-" and not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"{text}: {'a folder, not a file' if os.path.isdir(text) else 'no such file'}")
+    return text
+
+
+def output_file(text: str) -> str:
+    """A file to write, in a folder that exists ('-': standard output); checked before any work, so that a mistyped
+    folder does not fail once everything is translated."""
+    if text == "-":
+        return text
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give the name of a file to write")
+    folder = os.path.dirname(text) or "."
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"{text}: there is no folder {folder} to write it in")
+    return text
+
+
+def hub_repo_id(text: str) -> str:
+    """A repository id the Hub accepts (`name` or `namespace/name`), checked before the login is asked for."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError as error:
+        raise argparse.ArgumentTypeError(one_line(error)) from None
+    return text
+
+
 def translate_main(argv: list[str] | None = None) -> None:
     """vanilla-translate: translate a file or standard input, one sentence a line (translate.py)."""
     import torch
 
-    from .translate import load_translator, read_lines, translate_lines, write_lines
+    from .translate import COMPUTE_TYPES, read_lines, translate_lines, translator_loader, write_lines
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="vanilla-translate",
         description="Translate a file or standard input with a trained model, one sentence a line. Empty lines stay "
         "empty; decoding is the model's own (for ours the paper's) unless flags say otherwise; a CTranslate2 folder "
         "(vanilla-export-ctranslate2) is translated with CTranslate2.",
     )
     parser.add_argument("--model", required=True, help="A model folder or a Hub id (downloaded, or from the cache).")
-    parser.add_argument("--input", default="-", help="File of sentences, one a line ('-': standard input).")
-    parser.add_argument("--output", default="-", help="File to write translations to ('-': standard output).")
-    parser.add_argument("--num_beams", type=int, default=None, help="Beam size (default: the model's).")
-    parser.add_argument("--length_penalty", type=float, default=None, help="Beam search's α (default: the model's).")
-    parser.add_argument("--max_new_tokens", type=int, default=None, help="Longest translation, in tokens.")
-    parser.add_argument("--batch_size", type=int, default=32, help="Sentences translated together.")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
     parser.add_argument(
-        "--threads", type=int, default=None,
+        "--input", type=input_file, default="-", help="File of sentences, one a line ('-': standard input)."
+    )
+    parser.add_argument(
+        "--output", type=output_file, default="-", help="File to write translations to ('-': standard output)."
+    )
+    parser.add_argument("--num_beams", type=positive_int, help="Beam size (default: the model's).")
+    parser.add_argument("--length_penalty", type=finite_float, help="Beam search's α (default: the model's).")
+    parser.add_argument("--max_new_tokens", type=positive_int, help="Longest translation, in tokens.")
+    parser.add_argument("--batch_size", type=positive_int, default=32, help="Sentences translated together.")
+    parser.add_argument("--device", type=device_name, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
+    parser.add_argument(
+        "--threads", type=positive_int,
         help="CPU threads: torch's (default 1, as fast as two on an idle CPU and twice as fast beside another job), "
         "or for a CTranslate2 folder batches in parallel, one thread each (default: one a core).",
     )  # fmt: skip
@@ -138,27 +219,36 @@ def translate_main(argv: list[str] | None = None) -> None:
         help="The model's dtype (auto: bfloat16 on a CPU with bfloat16 units, float32 elsewhere).",
     )  # fmt: skip
     fast = parser.add_argument_group("CTranslate2 folders (from vanilla-export-ctranslate2)")
-    fast.add_argument("--compute_type", default="default", help="int8, int8_float32, float32, ... (default: as saved).")
+    fast.add_argument("--compute_type", choices=COMPUTE_TYPES, help="The type to compute in (default: as saved).")
     fast.add_argument(
-        "--inter_threads", type=int, default=None, help="Batches in parallel (default: a CPU's cores; 1 on a GPU)."
+        "--inter_threads", type=positive_int, help="Batches in parallel (default: a CPU's cores; 1 on a GPU)."
     )
-    fast.add_argument("--intra_threads", type=int, default=None, help="Threads per batch (default: 1 on a CPU).")
+    fast.add_argument("--intra_threads", type=positive_int, help="Threads per batch (default: 1 on a CPU).")
     args = parser.parse_args(argv)
+    # the same file by any path, a link included
+    if (
+        args.output != "-"
+        and args.input != "-"
+        and os.path.exists(args.output)
+        and os.path.samefile(args.output, args.input)
+    ):
+        parser.error(f"argument --output: {args.output} is the input file {args.input}; it would be replaced")
     for stop in (signal.SIGINT, signal.SIGTERM):
         signal.signal(stop, _raise_interrupted)
     try:
         if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
             sys.stdout.reconfigure(encoding="utf-8")
-        lines = read_lines(args.input)
-        if args.threads is not None and args.threads < 1:
-            raise ValueError(f"--threads {args.threads} must be at least 1")
         # one intra-op thread by default: torch's threads spin at every barrier, and beside another job a thread
         # that loses its core stalls the rest (bench/bench_threads.py)
         torch.set_num_threads(args.threads or 1)
-        translator = load_translator(
-            args.model, args.device, args.dtype, compute_type=args.compute_type,
-            inter_threads=args.inter_threads or args.threads, intra_threads=args.intra_threads,
+        # what the model's folder refuses (a missing package, a device this machine lacks) before the input is
+        # read, and a bad line of input before the model is loaded
+        load_translator = translator_loader(
+            args.model, args.device, args.dtype, threads=args.threads, compute_type=args.compute_type,
+            inter_threads=args.inter_threads, intra_threads=args.intra_threads,
         )  # fmt: skip
+        lines = read_lines(args.input)
+        translator = load_translator()
         decoding = {"num_beams": args.num_beams, "length_penalty": args.length_penalty,
                     "max_new_tokens": args.max_new_tokens}  # fmt: skip
         generate_kwargs = {key: value for key, value in decoding.items() if value is not None}
@@ -169,7 +259,7 @@ def translate_main(argv: list[str] | None = None) -> None:
     except Interrupted as interruption:
         print(f"\n{parser.prog}: interrupted; nothing was written", file=sys.stderr)
         sys.exit(interruption.exit_code)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, ImportError) as error:
         sys.exit(f"{parser.prog}: error: {error}")
 
 
@@ -193,7 +283,7 @@ def attention_main(argv: list[str] | None = None) -> None:
     from .loading import load_model_and_tokenizer
     from .visualize import attention_page, check_selection, format_steps, warning_lines, write_attention_pictures
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="vanilla-attention",
         description="Draw every attention map of a trained model for one sentence (PNG files and attention.html, "
         "which needs no network), and with --steps show its decoding step by step.",
@@ -203,18 +293,24 @@ def attention_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target", help="A translation to read with teacher forcing instead of the model's own.")
     parser.add_argument("--output_dir", required=True, help="Folder for the PNG files and attention.html.")
     parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace --output_dir if it exists.")
-    parser.add_argument("--layer", type=int, help="Draw this layer only (from 1).")
-    parser.add_argument("--head", type=int, help="Draw this head only (from 1).")
+    parser.add_argument("--layer", type=positive_int, help="Draw this layer only (from 1).")
+    parser.add_argument("--head", type=positive_int, help="Draw this head only (from 1).")
     parser.add_argument("--steps", action="store_true", help="Show the decoding step by step.")
-    parser.add_argument("--num_beams", type=int, help="Beam size of the beam-search table (default: the model's).")
-    parser.add_argument("--top_k", type=int, default=5, help="Alternatives shown at each step.")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, ...")
+    parser.add_argument(
+        "--num_beams", type=positive_int, help="Beam size of the beam-search table of --steps (default: the model's)."
+    )
+    parser.add_argument("--top_k", type=positive_int, default=5, help="Alternatives shown at each step.")
+    parser.add_argument("--device", type=device_name, default="cpu", help="cpu, cuda, cuda:1, ...")
     args = parser.parse_args(argv)
+    if args.num_beams is not None and not (args.steps and args.target is None):
+        parser.error("argument --num_beams: only the beam-search table of --steps (without --target) has beams")
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(encoding="utf-8")
     # warnings (the switch to eager attention, fonts without a token's characters) as plain lines, each once
     with warnings.catch_warnings(record=True) as caught:
         try:
+            require("matplotlib", "drawing attention pictures")
+            check_output_dir(args.output_dir, args.overwrite_output_dir, source=args.model)
             model, tokenizer = load_model_and_tokenizer(args.model, args.device)
             maps = attention_maps(model, tokenizer, args.source, args.target, top_k=args.top_k)
             check_selection(maps, args.layer, args.head)
@@ -228,7 +324,7 @@ def attention_main(argv: list[str] | None = None) -> None:
             with atomic_output_dir(args.output_dir, args.overwrite_output_dir) as staging:
                 paths = write_attention_pictures(maps, staging, args.layer, args.head)
                 write_text_atomically(os.path.join(staging, "attention.html"), attention_page(maps, step_tables))
-        except (OSError, ValueError) as error:
+        except (OSError, ValueError, ImportError) as error:
             sys.exit(f"{parser.prog}: error: {error}")
         finally:
             for line in warning_lines([str(warning.message) for warning in caught]):
@@ -243,7 +339,7 @@ def export_ctranslate2_main(argv: list[str] | None = None) -> None:
     """vanilla-export-ctranslate2: write a model folder as a CTranslate2 folder (export_ctranslate2.py)."""
     from .export_ctranslate2 import QUANTIZATIONS, export
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="vanilla-export-ctranslate2",
         description="Export a trained model folder to CTranslate2, OpenNMT's inference engine, for fast CPU "
         "translation (needs the [fast] extra).",
@@ -264,7 +360,7 @@ def export_marian_main(argv: list[str] | None = None) -> None:
     """vanilla-export-marian: write a model folder as transformers' own MarianMTModel (export_marian.py)."""
     from .export_marian import export
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="vanilla-export-marian",
         description="Export a trained model folder to transformers' own MarianMTModel: the same model, loaded by "
         "plain transformers with no code of ours and no trust_remote_code.",
@@ -284,14 +380,16 @@ def push_to_hub_main(argv: list[str] | None = None) -> None:
     """vanilla-push-to-hub: upload a finished model folder, ours or an export, to the Hub in one commit (hub.py)."""
     from .hub import check_hub_login, push_model_folder
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="vanilla-push-to-hub",
         description="Upload a finished model folder (from run_translation.py, vanilla-export-ctranslate2 or "
         "vanilla-export-marian) to a Hugging Face Hub repository in one commit, checkpoints and trainer state left "
         "out; the card's code then names the repository.",
     )
     parser.add_argument("--model", required=True, help="The model folder to upload.")
-    parser.add_argument("--repo_id", required=True, help="The repository, for example your-name/multi30k-en-de.")
+    parser.add_argument(
+        "--repo_id", type=hub_repo_id, required=True, help="The repository, for example your-name/multi30k-en-de."
+    )
     parser.add_argument("--private", action="store_true", help="Create the repository private.")
     parser.add_argument("--token", default=None, help="A Hub token (default: the saved login, `hf auth login`).")
     args = parser.parse_args(argv)

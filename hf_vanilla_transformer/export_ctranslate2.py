@@ -16,7 +16,7 @@ that maps our weights onto its Transformer specification (`VanillaTransformerLoa
 The folder also gets the tokenizer files, the generation config (the model's decoding, which `vanilla-translate`
 applies; for ours by default the paper's: beam 4, length penalty 0.6, source length + 50 tokens) and a model card
 with this folder's "How to use". It is written to a temporary folder and renamed when complete. Needs the [fast]
-extra: `pip install -e ".[fast]"`.
+extra: `pip install -e ".[fast]"` (without it the command says so in one line, before any work).
 """
 
 import json
@@ -24,8 +24,8 @@ import os
 import shutil
 from collections.abc import Callable
 
-from .files import atomic_output_dir
-from .hub import write_export_card
+from .extras import require
+from .files import atomic_output_dir, check_output_dir
 from .loading import ModelFolderError, load_model_and_tokenizer
 from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT
 
@@ -43,13 +43,15 @@ def export(model_path: str, output_dir: str, quantization: str = "float32", over
     """Write `model_path` (one of our model folders) as a CTranslate2 model folder at `output_dir`."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+    converter_class = _converter_class()
+    check_output_dir(output_dir, overwrite_output_dir, source=model_path)
     model, tokenizer = load_model_and_tokenizer(model_path, "cpu")
     if model.config.model_type != "vanilla_transformer":
         raise ModelFolderError(
             f"{os.path.join(model_path, 'config.json')}: model_type {model.config.model_type!r} is not ours "
             "(vanilla_transformer); CTranslate2's own ct2-transformers-converter converts other models"
         )
-    converter = _converter_class()(model_path, model, tokenizer)
+    converter = converter_class(model_path, model, tokenizer)
     with atomic_output_dir(output_dir, overwrite_output_dir) as staging:
         converter.convert(staging, quantization=quantization, force=True)
         for name in CARRIED_FILES:
@@ -61,6 +63,8 @@ def export(model_path: str, output_dir: str, quantization: str = "float32", over
 
 def write_card(model_path: str, folder: str, quantization: str, model_id: str) -> None:
     """The source's card with this folder's "How to use", its decoding read from the generation config copied."""
+    from .hub import write_export_card  # here: vanilla-translate imports this module, and hub imports the Trainer
+
     with open(os.path.join(folder, "generation_config.json"), encoding="utf-8") as file:
         generation = json.load(file)
     write_export_card(model_path, folder, model_id, "ctranslate2", ["ctranslate2"], usage(generation, quantization))
@@ -109,15 +113,11 @@ Both decode as `generation_config.json` says: beam size {beams}, length penalty 
 
 def _converter_class():
     """CTranslate2's transformers converter, loading the folder through our checks, with our loader registered."""
-    try:
-        from ctranslate2.converters import TransformersConverter
-        from ctranslate2.converters.transformers import ModelLoader, register_loader
-        from ctranslate2.specs import common_spec, transformer_spec
-    except ImportError:
-        raise ImportError(
-            "exporting to CTranslate2 needs the ctranslate2 package: pip install ctranslate2 (or the [fast] extra)"
-        ) from None
+    require("ctranslate2", "exporting to CTranslate2")
     import torch
+    from ctranslate2.converters import TransformersConverter
+    from ctranslate2.converters.transformers import ModelLoader, register_loader
+    from ctranslate2.specs import common_spec, transformer_spec
 
     from .modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
-from .files import atomic_output_dir
+from .files import atomic_output_dir, check_output_dir
 from .hub import write_export_card
 from .loading import ModelFolderError, load_model_and_tokenizer
 from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT
@@ -147,6 +147,7 @@ def marian_generation_config(generation_config: GenerationConfig) -> GenerationC
 
 def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False) -> str:
     """Write `model_path` (one of our model folders) as a `MarianMTModel` folder at `output_dir`."""
+    check_output_dir(output_dir, overwrite_output_dir, source=model_path)
     model, tokenizer = load_model_and_tokenizer(model_path, "cpu", dtype=torch.float32)
     if model.config.model_type != "vanilla_transformer":
         raise ModelFolderError(

@@ -5,10 +5,18 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
-def check_output_dir(output_dir: str, overwrite_output_dir: bool) -> None:
-    """Refuse to replace a non-empty folder unless asked to, before any work is done."""
+def check_output_dir(output_dir: str, overwrite_output_dir: bool, source: str | None = None) -> None:
+    """Refuse to replace a non-empty folder unless asked to, or one that is or holds `source` (the folder the
+    command reads, which replacing it would delete), before any work is done."""
+    if (
+        source is not None
+        and os.path.exists(source)
+        and Path(source).resolve().is_relative_to(Path(output_dir).resolve())
+    ):
+        raise ValueError(f"output_dir {output_dir} is or holds the model folder {source}; replacing it would delete it")
     if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite_output_dir:
         raise ValueError(f"output_dir {output_dir} exists and is not empty; add overwrite_output_dir to replace it")
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):

@@ -40,6 +40,9 @@ def render_model_card(
 ) -> ModelCard:
     """A card for `model` with `results[split] = {"bleu", "chrf", "samples", "bleu_signature", "chrf_signature"}`.
 
+    `model_id` is what the card's code loads: a path that loads the folder from where its users start (a run's
+    `output_dir` as given), or a Hub id; a push renames it to the repository (`card_for`). Its base name titles
+    the card.
     `example_source` is the sentence the card's code examples translate, and `example_translation` what the model
     gave for it (written in the pipeline example's output comment). `attention_picture`, a path relative to the
     card (so that it shows on the Hub too), is the picture of the example's encoder-decoder attention.

@@ -94,6 +94,12 @@ def encode_sentence(text: str, parameter: str, tokenizer, model, as_target: bool
     return dict(encoded.to(model.device))
 
 
+def check_top_k(top_k: int, model) -> None:
+    """Refuse a number of alternatives a step cannot have: at least one, at most the vocabulary."""
+    if not 1 <= top_k <= model.config.vocab_size:
+        raise ValueError(f"top_k {top_k}: a step has 1 to {model.config.vocab_size} alternatives (the vocabulary)")
+
+
 def token_labels(tokenizer, ids) -> list[str]:
     """Each token as a reader would write it: byte-level pieces turned back into text (`Ġ` is a space), special
     tokens as they are, and a piece holding only part of a character's UTF-8 bytes as those bytes, e.g. `<E6 88>`."""
@@ -136,6 +142,7 @@ def attention_maps(
     """The three attentions of every layer and head for `source` and its translation: the model's own
     (`generate()` with `generate_kwargs`, else the model's generation config), or `target`, teacher-forced; and
     at each target position the probability of the target's token and the model's `top_k` choices."""
+    check_top_k(top_k, model)
     encoded = encode_sentence(source, "source", tokenizer, model)
     with eager_attention(model), torch.no_grad():
         if target is None:
@@ -197,6 +204,7 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
     the one `generate()` returned `winner`; and that translation. The running beams of the last step are not
     seen: the search stopped before keeping any.
     """
+    check_top_k(top_k, model)
     encoded = encode_sentence(source, "source", tokenizer, model)
     recorder = _RunningSequences()
     with eager_attention(model), torch.no_grad():

@@ -54,6 +54,8 @@ def load_model(model_path: str, device: str | None = None, dtype=None):
     import torch
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
+    device = default_device(device)
+    check_torch_device(device)  # before the folder is read
     config_file = os.path.join(model_path, CONFIG_NAME)
     if not os.path.isfile(config_file):
         raise ModelFolderError(f"{model_path}: not a model folder (no {CONFIG_NAME})")
@@ -65,7 +67,6 @@ def load_model(model_path: str, device: str | None = None, dtype=None):
     except (OSError, ValueError, TypeError, KeyError) as error:
         raise ModelFolderError(f"{config_file}: {first_line(error)}") from None
     check_config_fits(config, model_path)
-    device = default_device(device)
     try:
         model, report = AutoModelForSeq2SeqLM.from_pretrained(
             model_path, config=config, trust_remote_code=False, output_loading_info=True, dtype=dtype
@@ -175,6 +176,42 @@ def default_device(device: str | None) -> str:
     import torch
 
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def check_torch_device(device: str) -> None:
+    """Refuse a device torch does not find here (`check_device`)."""
+    import torch
+
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    count = torch.accelerator.device_count()
+    check_device(device, f"torch {torch.__version__}", accelerator and accelerator.type, count)
+
+
+def parse_device(device: str):
+    """`device` as a `torch.device`; a name torch does not read as one is a ValueError naming it."""
+    import torch
+
+    try:
+        return torch.device(device)
+    except (RuntimeError, ValueError):  # torch's RuntimeError lists its twenty device types
+        raise ValueError(f"device {device!r} is not a device name (cpu, cuda, cuda:1, mps, ...)") from None
+
+
+def check_device(device: str, engine: str, accelerator: str | None, count: int):
+    """`device` as a `torch.device`, refused where `engine` finds no such device: it finds `count` devices of type
+    `accelerator` (None: none). Unchecked, torch fails at the first tensor moved there (an AssertionError for cuda on
+    a CPU build) and CTranslate2 with a message that names no device."""
+    parsed = parse_device(device)
+    if parsed.type == "cpu":
+        return parsed
+    if parsed.type != accelerator or count < 1:
+        raise ValueError(f"device {device}: {engine} finds no {parsed.type} device here")
+    if parsed.index is not None and parsed.index >= count:
+        raise ValueError(
+            f"device {device}: {engine} finds {count} {parsed.type} device(s) here, "
+            f"{parsed.type}:0 to {parsed.type}:{count - 1}"
+        )
+    return parsed
 
 
 def first_line(error: BaseException) -> str:

@@ -7,18 +7,31 @@ model's own (for ours the paper's: beam 4, length penalty 0.6, at most source le
 translated with CTranslate2 (the [fast] extra), with the same decoding: many times faster on a CPU.
 """
 
+import functools
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 from tqdm.auto import tqdm
 
 from hf_vanilla_transformer.data import decoded_lines, numbered_lines
+from hf_vanilla_transformer.export_ctranslate2 import QUANTIZATIONS, is_ctranslate2_folder
+from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.files import write_text_atomically
-from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer, model_folder
+from hf_vanilla_transformer.loading import (
+    check_device,
+    check_torch_device,
+    default_device,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    model_folder,
+)
 from hf_vanilla_transformer.precision import translation_dtype
 
 logger = logging.getLogger("vanilla-translate")
+# CTranslate2's compute_type: the weights' type as saved (default), the fastest this device has (auto), or one named
+COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
 
 
 def read_lines(path: str) -> list[str]:
@@ -27,18 +40,33 @@ def read_lines(path: str) -> list[str]:
     return [line.rstrip("\r\n") for _, line in numbered]
 
 
-def load_translator(model_path: str, device: str | None, dtype: str = "auto", **ctranslate2_options):
-    """The folder's translator: a CTranslate2 folder (from export_ctranslate2) runs on ctranslate2.Translator with
-    `ctranslate2_options` (compute_type, inter_threads, intra_threads), any other on our TranslationPipeline with
-    the model in `dtype` (precision.translation_dtype)."""
-    from hf_vanilla_transformer.export_ctranslate2 import is_ctranslate2_folder
+def load_translator(model_path: str, device: str | None, dtype: str = "auto", threads: int | None = None,
+                    **ctranslate2_options):  # fmt: skip
+    """The folder's translator (`translator_loader`'s, loaded)."""
+    return translator_loader(model_path, device, dtype, threads, **ctranslate2_options)()
 
+
+def translator_loader(model_path: str, device: str | None, dtype: str = "auto", threads: int | None = None,
+                      **ctranslate2_options) -> Callable[[], "PipelineTranslator | CTranslate2Translator"]:  # fmt: skip
+    """A function that loads the folder's translator: for a CTranslate2 folder (from export_ctranslate2)
+    ctranslate2.Translator with `ctranslate2_options` (compute_type, inter_threads, intra_threads; None: the
+    default) and `threads` as the default inter_threads, for any other our TranslationPipeline with the model in
+    `dtype` (precision.translation_dtype). What can be refused without loading is refused here, at once: an option
+    for the other kind of folder, a device this machine lacks, a missing ctranslate2 package, a compute type the
+    device lacks."""
     model_path = model_folder(model_path)
+    options = {name: value for name, value in ctranslate2_options.items() if value is not None}
     if is_ctranslate2_folder(model_path):
         if dtype != "auto":
             raise ValueError(f"dtype {dtype} is for model folders; {model_path} is a CTranslate2 folder (compute_type)")
-        return CTranslate2Translator(model_path, device, **ctranslate2_options)
-    return PipelineTranslator(model_path, device, translation_dtype(dtype, device))
+        options = {"inter_threads": threads, **options}
+        ctranslate2_device(device, options.get("compute_type", "default"))
+        return functools.partial(CTranslate2Translator, model_path, device, **options)
+    if options:
+        name, value = next(iter(options.items()))
+        raise ValueError(f"{name} {value} is for CTranslate2 folders; {model_path} is a model folder (dtype)")
+    check_torch_device(default_device(device))
+    return functools.partial(PipelineTranslator, model_path, device, translation_dtype(dtype, device))
 
 
 class PipelineTranslator:
@@ -66,8 +94,10 @@ class CTranslate2Translator:
 
     def __init__(self, model_path: str, device: str | None, compute_type: str = "default",
                  inter_threads: int | None = None, intra_threads: int | None = None):  # fmt: skip
-        import ctranslate2
         from transformers import GenerationConfig
+
+        device = ctranslate2_device(device, compute_type)
+        import ctranslate2  # found by ctranslate2_device, or it says which extra installs it
 
         self.tokenizer = load_tokenizer(model_path)
         generation = GenerationConfig.from_pretrained(model_path)
@@ -75,16 +105,16 @@ class CTranslate2Translator:
         self.num_beams = generation.num_beams or 1
         self.length_penalty = generation.length_penalty
         self.new_tokens_over_source = getattr(generation, "max_new_tokens_over_source", None)
-        device = device or ("cuda" if ctranslate2.get_cuda_device_count() else "cpu")
         # on a CPU, one batch per core, each on one thread, beats all cores on one batch: 2.3x here for int8
         # (BENCHMARKS.md); a call hands over several batches so that every worker has one
-        on_cpu = device == "cpu"
+        on_cpu = device.type == "cpu"
         inter_threads = inter_threads or (os.cpu_count() if on_cpu else 1)
         intra_threads = intra_threads or (1 if on_cpu else 0)
         self.batches_per_call = 2 * inter_threads
+        # CTranslate2 names a device by its type and index apart: cuda:1 is device="cuda", device_index=1
         self.translator = ctranslate2.Translator(
-            model_path, device=device, compute_type=compute_type, inter_threads=inter_threads,
-            intra_threads=intra_threads,
+            model_path, device=device.type, device_index=device.index or 0, compute_type=compute_type,
+            inter_threads=inter_threads, intra_threads=intra_threads,
         )  # fmt: skip
 
     def translate(
@@ -116,6 +146,21 @@ class CTranslate2Translator:
             )
             for result, limit in zip(results, limits, strict=True)
         ]
+
+
+def ctranslate2_device(device: str | None, compute_type: str):
+    """The device CTranslate2 is to run on (`device`; default: cuda if it finds one, else cpu) as a torch.device,
+    refused where CTranslate2 is not installed, finds no such device or cannot compute in `compute_type` there."""
+    ctranslate2 = require("ctranslate2", "translating a CTranslate2 folder")
+    cuda_devices = ctranslate2.get_cuda_device_count()
+    engine = f"CTranslate2 {ctranslate2.__version__}"
+    device = check_device(device or ("cuda" if cuda_devices else "cpu"), engine, "cuda" if cuda_devices else None,
+                          cuda_devices)  # fmt: skip
+    supported = ctranslate2.get_supported_compute_types(device.type, device.index or 0)
+    if compute_type not in ("default", "auto", *supported):
+        types = ", ".join(sorted(supported))
+        raise ValueError(f"compute_type {compute_type}: {engine} computes in {types} on this {device.type}")
+    return device
 
 
 def translate_lines(translator, lines: list[str], batch_size: int, generate_kwargs: dict, show_progress: bool):

@@ -11,13 +11,12 @@ their mean over heads, as `KIND_layerL_headH.png` / `KIND_layerL_mean.png` (laye
 opens on the last layer's encoder-decoder attention (mean over heads) and lets a reader pick the kind, layer and
 head; the page needs no network. --steps adds the decoding step by step (greedy and beam search, the beams as a
 tree on the page; with --target, the probability the model gives each reference token), printed and on the page.
-Drawing needs matplotlib (`pip install matplotlib`, or the [pictures] extra); Chinese and Japanese tokens need a
+Drawing needs matplotlib (the [pictures] extra, or `pip install matplotlib`); Chinese and Japanese tokens need a
 CJK font (Debian: `apt-get install fonts-wqy-microhei`).
 """
 
 import functools
 import html
-import importlib.util
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ import warnings
 
 import numpy as np
 
+from .extras import require
 from .files import replace_atomically
 from .inspection import (
     ATTENTION_KINDS,
@@ -156,8 +156,10 @@ CARD_PICTURE = "attention.png"
 def write_card_picture(model, tokenizer, source: str, output_dir: str) -> str | None:
     """The encoder-decoder attention (last layer, mean over heads) of the model's translation of `source`, as
     `attention.png` in `output_dir`: the picture the model card shows. None, and a log line, without matplotlib."""
-    if importlib.util.find_spec("matplotlib") is None:
-        logger.warning("matplotlib is not installed: no attention picture for the card (the [pictures] extra has it)")
+    try:
+        require("matplotlib", "the card's attention picture")
+    except ImportError as error:
+        logger.warning("%s; the card goes without one", error)
         return None
     with warnings.catch_warnings():  # the switch to eager attention is expected here
         warnings.filterwarnings("ignore", message="attention weights need the eager attention path")

@@ -2,6 +2,7 @@
 boundary, and small functions more than one file uses. Fixtures are in conftest.py; tests import these directly
 (`from helpers import ...`: setup.cfg puts tests/ on pytest's pythonpath)."""
 
+import inspect
 import json
 import os
 import random
@@ -419,13 +420,39 @@ if os.environ.get("WRITE_AUDIT_DIR"):
 """
 
 
+def sitecustomize_env(folder: Path, code: str) -> dict:
+    """The environment of a Python process that runs `code` at start-up (a `sitecustomize` module in `folder`)."""
+    (folder / "site").mkdir(parents=True)
+    (folder / "site" / "sitecustomize.py").write_text(code)
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(folder / "site"), os.environ.get("PYTHONPATH")])),
+    }
+
+
 def write_audit_env(folder: Path, root: Path) -> dict:
     """The environment for a launched command whose writes under `root` are to be recorded in `folder`, one log per
     process named by its RANK ("single" outside a launcher); read them with `audited_writes`."""
-    (folder / "site").mkdir(parents=True)
-    (folder / "site" / "sitecustomize.py").write_text(WRITE_AUDIT)
-    python_path = os.pathsep.join(filter(None, [str(folder / "site"), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": python_path, "WRITE_AUDIT_DIR": str(folder), "WRITE_AUDIT_ROOT": str(root)}
+    return {**sitecustomize_env(folder, WRITE_AUDIT), "WRITE_AUDIT_DIR": str(folder), "WRITE_AUDIT_ROOT": str(root)}
+
+
+class NotInstalled:
+    """A meta-path finder under which importing one of `packages` fails as it does where the package is not
+    installed (first on `sys.meta_path`, and with the package not imported yet)."""
+
+    def __init__(self, *packages: str):
+        self.packages = set(packages)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.packages:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def not_installed_env(folder: Path, *packages: str) -> dict:
+    """The environment of a Python process in which `packages` are not installed, as far as imports tell."""
+    code = f"import sys\n\n{inspect.getsource(NotInstalled)}\nsys.meta_path.insert(0, NotInstalled(*{packages!r}))\n"
+    return sitecustomize_env(folder, code)
 
 
 def audited_writes(folder: Path) -> dict[str, list[str]]:

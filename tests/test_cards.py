@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from helpers import letter_tokenizer, tiny_model
+from helpers import TINY_MODEL_RUN, generate_text, letter_tokenizer, tiny_model, write_dataset
 from hf_vanilla_transformer.hub import render_model_card
 
 EXAMPLE = "a b c"
@@ -18,8 +18,8 @@ EXAMPLE = "a b c"
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict:
-    """A tiny model folder of ours with its card (decoding beam 3, length penalty 1.0: not the paper's), and its
-    CTranslate2 and Marian exports."""
+    """A tiny model folder of ours with its card (decoding beam 3, length penalty 1.0: not the paper's), named as a
+    run names it (`runs/NAME`, from the folder it started in, `root`), and its CTranslate2 and Marian exports."""
     from hf_vanilla_transformer.export_ctranslate2 import export as export_ctranslate2
     from hf_vanilla_transformer.export_marian import export as export_marian
 
@@ -27,14 +27,15 @@ def folders(tmp_path_factory) -> dict:
     # one head count, as CTranslate2 needs; 24 positions, so that the untrained model's translations end soon
     model = tiny_model(vocab_size=14, decoder_attention_heads=4, max_position_embeddings=24)
     model.generation_config.update(num_beams=3, length_penalty=1.0)
-    ours = root / "ours"
+    ours = root / "runs" / "tiny-en-de"
     model.save_pretrained(ours)
     letter_tokenizer().save_pretrained(ours)
     results = {"test": {"bleu": 1.5, "chrf": 20.0, "samples": 3}}
-    card = render_model_card(model, model_id=str(ours), source_lang="en", target_lang="de", results=results,
+    card = render_model_card(model, model_id="runs/tiny-en-de", source_lang="en", target_lang="de", results=results,
                              training={"steps": 1}, example_source=EXAMPLE)  # fmt: skip
     card.save(ours / "README.md")
     return {
+        "root": root,
         "ours": ours,
         "ctranslate2": Path(export_ctranslate2(str(ours), str(root / "ct2"))),
         "marian": Path(export_marian(str(ours), str(root / "marian"))),
@@ -94,12 +95,16 @@ def test_the_ctranslate2_cards_code_translates_as_vanilla_translate(folders, cap
     )
 
 
-def test_our_cards_code_runs_and_the_pipeline_needs_what_the_card_says(folders, capsys):
+def test_our_cards_code_runs_and_the_pipeline_needs_what_the_card_says(folders, capsys, monkeypatch):
+    """From the folder the run started in (the README's quick start: the repository root), with the Hub unreachable
+    (conftest.py), so that a name taken for a Hub id fails at once."""
     from transformers import pipeline
 
     import hf_vanilla_transformer
 
     model_code, pipeline_code = python_blocks(how_to_use(ModelCard.load(f"{folders['ours']}/README.md")))
+    assert '.from_pretrained("runs/tiny-en-de"' in model_code and 'model="runs/tiny-en-de"' in pipeline_code
+    monkeypatch.chdir(folders["root"])
     expected = our_translation(folders["ours"])
     assert run_code(model_code, capsys) == expected
     printed = run_code(pipeline_code, capsys)
@@ -111,3 +116,35 @@ def test_our_cards_code_runs_and_the_pipeline_needs_what_the_card_says(folders, 
         "translation", model=str(folders["ours"]), pipeline_class=hf_vanilla_transformer.TranslationPipeline
     )
     assert str(translator(EXAMPLE)) == printed
+
+
+@pytest.mark.slow  # a run of run_translation.py, if of two steps
+def test_a_runs_card_loads_its_folder_from_where_the_run_started_and_a_push_names_the_repository(
+    tmp_path, monkeypatch, capsys
+):
+    """run_translation.py as the README's quick start runs it: from the repository root (here `tmp_path`) into
+    `runs/NAME`. The card's code, run from there with the Hub unreachable (conftest.py), loads that folder, where
+    the folder's bare name would be taken for a Hub id; pushed, the card names the repository."""
+    import run_translation
+    from hf_vanilla_transformer.hub import card_for
+
+    monkeypatch.chdir(tmp_path)
+    rows = [{"en": f"The {en} is {state}.", "de": f"Die {de} ist {zustand}."}
+            for en, de in [("cat", "Katze"), ("dog", "Hund"), ("bird", "Vogel")]
+            for state, zustand in [("small", "klein"), ("here", "hier"), ("old", "alt")]]  # fmt: skip
+    write_dataset(tmp_path / "data", {"train": rows, "validation": rows[:3], "test": rows[3:6]})
+    run_translation.main([*TINY_MODEL_RUN, "--dataset_name", "data", "--vocab_size", "300", "--max_steps", "2",
+                          "--warmup_steps", "1", "--output_dir", "runs/tiny-en-de"])  # fmt: skip
+    card = ModelCard.load("runs/tiny-en-de/README.md")
+    model_code, pipeline_code = python_blocks(how_to_use(card))
+    assert '.from_pretrained("runs/tiny-en-de"' in model_code and 'model="runs/tiny-en-de"' in pipeline_code
+    printed = run_code(model_code, capsys)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "runs" / "tiny-en-de")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "runs" / "tiny-en-de")
+    example = model_code.split('tokenizer(["', 1)[1].split('"]', 1)[0]
+    assert printed == str(generate_text(model, tokenizer, [example]))
+    assert run_code(pipeline_code, capsys) == str([{"translation_text": eval(printed)[0]}])
+    pushed = ModelCard(card_for(Path("runs/tiny-en-de/README.md"), "someone/tiny-en-de").decode())
+    model_code, pipeline_code = python_blocks(how_to_use(pushed))
+    assert '.from_pretrained("someone/tiny-en-de"' in model_code and 'model="someone/tiny-en-de"' in pipeline_code
+    assert "runs/tiny-en-de" not in how_to_use(pushed)

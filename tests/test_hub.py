@@ -112,9 +112,13 @@ def test_model_card_sections_and_metadata(trained_run):
         assert heading in card.text
     assert "Attention Is All You Need" in card.text and "@inproceedings{vaswani2017attention" in card.text
     assert "nrefs:1|case:mixed|eff:no|tok:13a" in card.text  # the sacreBLEU signature
-    repo_id = "someone/tiny-en-de"
-    assert f'AutoModelForSeq2SeqLM.from_pretrained("{repo_id}", trust_remote_code=True)' in card.text
-    assert f'PreTrainedTokenizerFast.from_pretrained("{repo_id}")' in card.text
+    # the folder's card loads the folder; the one pushed loads the repository
+    repo_id, files = trained_run.commits[-1]
+    pushed = ModelCard(files["README.md"].decode())
+    for text, name in ((card.text, str(trained_run.output)), (pushed.text, "someone/tiny-en-de")):
+        assert f'AutoModelForSeq2SeqLM.from_pretrained("{name}", trust_remote_code=True)' in text
+        assert f'PreTrainedTokenizerFast.from_pretrained("{name}")' in text
+    assert repo_id == pushed.data.model_name == "someone/tiny-en-de"
     data = card.data.to_dict()
     assert data["language"] == ["en", "de"] and data["license"] == "apache-2.0"
     assert data["metrics"] == ["bleu", "chrf"] and data["pipeline_tag"] == "translation"
@@ -134,10 +138,10 @@ def test_the_card_shows_the_attention_of_its_example(trained_run, model_and_toke
 
 
 def test_the_cards_code_translates_where_the_package_is_missing(trained_run, model_and_tokenizer, tmp_path):
-    card = ModelCard.load(trained_run.output / "README.md").text
+    repo_id, files = trained_run.commits[-1]
+    card = files["README.md"].decode()  # the card pushed, whose code loads the repository
     code = card.split("## How to use", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     example = code.split('tokenizer(["', 1)[1].split('"]', 1)[0]  # the first test sentence
-    repo_id, files = trained_run.commits[-1]
     hub_snapshot(tmp_path / "home", repo_id, files)
     printed = run_python(code, tmp_path / "home").stdout.strip().splitlines()[-1]
     assert printed == str(generate_text(*model_and_tokenizer, [example]))
@@ -208,7 +212,7 @@ def finished_folders(tmp_path_factory) -> dict[str, Path]:
     letter_tokenizer().save_pretrained(ours)
     (ours / "training_args.bin").write_bytes(b"not uploaded")
     results = {"test": {"bleu": 1.0, "chrf": 2.0}}
-    card = render_model_card(model, model_id="tiny-en-de", source_lang="en", target_lang="de", results=results,
+    card = render_model_card(model, model_id=str(ours), source_lang="en", target_lang="de", results=results,
                              training={}, example_source="a b")  # fmt: skip
     card.save(ours / "README.md")
     return {
