@@ -19,15 +19,16 @@ with this folder's "How to use". It is written to a temporary folder and renamed
 extra: `pip install -e ".[fast]"` (without it the command says so in one line, before any work).
 """
 
-import json
 import os
 import shutil
 from collections.abc import Callable
 
+from transformers import GenerationConfig
+
 from .extras import require
 from .files import atomic_output_dir, check_output_dir
 from .loading import ModelFolderError, load_model_and_tokenizer
-from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT
+from .modeling_vanilla_transformer import source_length_margin
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16", "int8_bfloat16")
 # what our folder carries besides the weights that the export keeps (the weights become model.bin)
@@ -65,18 +66,18 @@ def write_card(model_path: str, folder: str, quantization: str, model_id: str) -
     """The source's card with this folder's "How to use", its decoding read from the generation config copied."""
     from .hub import write_export_card  # here: vanilla-translate imports this module, and hub imports the Trainer
 
-    with open(os.path.join(folder, "generation_config.json"), encoding="utf-8") as file:
-        generation = json.load(file)
+    generation = GenerationConfig.from_pretrained(folder)
     write_export_card(model_path, folder, model_id, "ctranslate2", ["ctranslate2"], usage(generation, quantization))
 
 
-def usage(generation: dict, quantization: str) -> Callable[[str, str], str]:
-    """The card's "How to use" for a CTranslate2 export in `quantization` decoding with `generation` (its
-    generation config's settings)."""
-    beams, penalty = generation.get("num_beams", 1), generation.get("length_penalty", 1.0)
-    margin = generation.get(SOURCE_LENGTH_LIMIT)
-    limit = f"the source length + {margin} tokens" if margin is not None else f"{generation['max_length']} tokens"
-    positions = generation["max_length"]
+def usage(generation, quantization: str) -> Callable[[str, str], str]:
+    """The card's "How to use" for a CTranslate2 export in `quantization` decoding as `generation` (its
+    `GenerationConfig`) says."""
+    beams = generation.num_beams or 1
+    penalty = 1.0 if generation.length_penalty is None else generation.length_penalty
+    margin = source_length_margin(generation)
+    positions = generation.max_length
+    limit = f"the source length + {margin} tokens" if margin is not None else f"{positions} tokens"
     decoding_length = f"min(len(source) + {margin}, {positions})" if margin is not None else str(positions)
 
     def section(model_id: str, example: str) -> str:

@@ -31,7 +31,7 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel
 from .files import atomic_output_dir, check_output_dir
 from .hub import write_export_card
 from .loading import ModelFolderError, load_model_and_tokenizer
-from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT
+from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT, source_length_margin
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # Marian's nn.LayerNorm(d_model), PyTorch's default
 
@@ -166,7 +166,7 @@ def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False)
 def write_card(model_path: str, folder: str, model_id: str) -> None:
     """The source's card with this folder's "How to use", its decoding read from the generation configs written."""
     generation = read_json(os.path.join(folder, "generation_config.json"))
-    margin = read_json(os.path.join(model_path, "generation_config.json")).get(SOURCE_LENGTH_LIMIT)
+    margin = source_length_margin(GenerationConfig.from_pretrained(model_path))
     write_export_card(model_path, folder, model_id, "transformers", ["marian"], usage(generation, margin))
 
 

@@ -16,7 +16,7 @@ from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, Mo
 from huggingface_hub.utils import filter_repo_objects
 
 from .loading import one_line
-from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT, paper_generation_config
+from .modeling_vanilla_transformer import paper_generation_config, source_length_margin
 from .training import paper_learning_rate
 
 # The template is the repository's top-level model_card.md; the package carries a link to it.
@@ -98,7 +98,7 @@ def render_model_card(
         training=list(training.items()),
         num_beams=model.generation_config.num_beams,
         length_penalty=model.generation_config.length_penalty,
-        source_length_margin=getattr(model.generation_config, SOURCE_LENGTH_LIMIT, None),
+        source_length_margin=source_length_margin(model.generation_config),
         paper_decoding=paper_generation_config(model.config),
         results=[
             {"split": split, "samples": s.get("samples", ""), "bleu": f"{s['bleu']:.2f}", "chrf": f"{s['chrf']:.2f}"}

@@ -27,6 +27,7 @@ from hf_vanilla_transformer.loading import (
     load_tokenizer,
     model_folder,
 )
+from hf_vanilla_transformer.modeling_vanilla_transformer import source_length_margin
 from hf_vanilla_transformer.precision import translation_dtype
 
 logger = logging.getLogger("vanilla-translate")
@@ -104,7 +105,7 @@ class CTranslate2Translator:
         self.max_positions = generation.max_length
         self.num_beams = generation.num_beams or 1
         self.length_penalty = generation.length_penalty
-        self.new_tokens_over_source = getattr(generation, "max_new_tokens_over_source", None)
+        self.new_tokens_over_source = source_length_margin(generation)
         # on a CPU, one batch per core, each on one thread, beats all cores on one batch: 2.3x here for int8
         # (BENCHMARKS.md); a call hands over several batches so that every worker has one
         on_cpu = device.type == "cpu"
