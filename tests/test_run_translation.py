@@ -42,11 +42,12 @@ from helpers import (
     write_lines,
 )
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.checkpoints import checkpoint_to_resume
 from hf_vanilla_transformer.commands import recipe_flags
 from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
-from hf_vanilla_transformer.training import TranslationTrainingArguments, checkpoint_to_resume
+from hf_vanilla_transformer.training import TranslationTrainingArguments
 
 OUTPUT_FILES = {
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
