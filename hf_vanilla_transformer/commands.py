@@ -216,7 +216,8 @@ def attention_main(argv: list[str] | None = None) -> None:
     # warnings (the switch to eager attention, fonts without a token's characters) as plain lines, each once
     with warnings.catch_warnings(record=True) as caught:
         try:
-            model, tokenizer = load_model_and_tokenizer(args.model, args.device)
+            # the eager attention path, the one that returns attention weights
+            model, tokenizer = load_model_and_tokenizer(args.model, args.device, attn_implementation="eager")
             maps = attention_maps(model, tokenizer, args.source, args.target, top_k=args.top_k)
             check_selection(maps, args.layer, args.head)
             step_tables = {}
