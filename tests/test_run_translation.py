@@ -270,6 +270,17 @@ GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
             lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--num_beams", "0"],
             r"num_beams=0 must be at least 1",
         ),
+        (
+            lambda d: [
+                "--train_file",
+                write_lines(d / "t.jsonl", [GOOD] * 50),
+                "--average_last_checkpoints",
+                "5",
+                "--save_total_limit",
+                "2",
+            ],
+            r"average_last_checkpoints 5 is more than the save_total_limit 2 checkpoints kept$",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, make_args, message):
