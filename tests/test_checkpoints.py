@@ -3,13 +3,11 @@ the command vanilla-average-checkpoints, which writes the mean of a run's newest
 
 import json
 import os
-import random
 import runpy
 import sys
 
 import pytest
 import torch
-from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -20,7 +18,7 @@ from transformers import (
     TrainerCallback,
 )
 
-from helpers import LETTERS, letter_tokenizer, tiny_model
+from helpers import letter_tokenizer, reversal_dataset, tiny_model
 from hf_vanilla_transformer.checkpoints import (
     average_checkpoints,
     checkpoint_folders,
@@ -75,12 +73,9 @@ def train_with_checkpoints(output_dir, trainer_class=TranslationTrainer, callbac
                      learning_rate=1e-3, report_to=[], use_cpu=True, disable_tqdm=True, **settings)  # fmt: skip
     args_class = TranslationTrainingArguments if trainer_class is TranslationTrainer else Seq2SeqTrainingArguments
     tokenizer = letter_tokenizer()
-    rng = random.Random(4)
-    sources = [" ".join(rng.choices(LETTERS, k=rng.randint(1, 8))) for _ in range(64)]
-    dataset = Dataset.from_dict(dict(tokenizer(sources, text_target=[s[::-1] for s in sources])))
     model = tiny_model(vocab_size=len(tokenizer))
     trainer = trainer_class(
-        model=model, args=args_class(**arguments), train_dataset=dataset,
+        model=model, args=args_class(**arguments), train_dataset=reversal_dataset(tokenizer, 64, seed=4),
         data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model), processing_class=letter_tokenizer(),
         callbacks=list(callbacks),
     )  # fmt: skip

@@ -21,7 +21,7 @@ from transformers import (
     get_scheduler,
 )
 
-from helpers import BOS, LETTERS, letter_tokenizer, random_token_dataset, tiny_config, tiny_model
+from helpers import BOS, LETTERS, letter_tokenizer, random_token_dataset, reversal_dataset, tiny_config, tiny_model
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.checkpoints import average_checkpoints
 from hf_vanilla_transformer.training import (
@@ -444,18 +444,6 @@ def test_the_final_model_is_the_average_and_only_the_last_checkpoint_stays(tmp_p
     state = again.model.state_dict()
     assert all(torch.equal(state[k], average[k]) for k in average)
     assert average_checkpoints([str(tmp_path)]).keys() == saved.keys()
-
-
-def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:
-    """Translate a letter string into its reverse: a task a tiny Transformer learns in a few hundred steps."""
-    rng = random.Random(seed)
-    sources = [" ".join(rng.choices(LETTERS, k=rng.randint(3, 7))) for _ in range(size)]
-    targets = [" ".join(reversed(s.split())) for s in sources]
-    return Dataset.from_dict({"source": sources, "target": targets}).map(
-        lambda batch: tokenizer(batch["source"], text_target=batch["target"]),
-        batched=True,
-        remove_columns=["source", "target"],
-    )
 
 
 @pytest.mark.slow
