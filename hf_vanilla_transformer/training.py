@@ -394,14 +394,14 @@ class BatchSamplerEpoch(TrainerCallback):
     """Gives the token-budget sampler its epoch at the start of every epoch, a resumed one included. The Trainer
     calls `set_epoch` on its training DataLoader, which accelerate (1.15) forwards to the batch sampler only where no
     `BatchSamplerShard` wraps it (one process), and not to the loader that `skip_first_batches` builds for the
-    epoch a run resumes in; transformers 5.24 also reaches into the shard, 5.16 does not."""
+    epoch a run resumes in; transformers 5.23 and 5.24 also reach into the shard, 5.16 does not."""
 
     def __init__(self):
         self.sampler = None
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         if self.sampler is not None:
-            self.sampler.set_epoch(int(state.epoch))  # e + the fraction done: e for an epoch begun or resumed
+            self.sampler.set_epoch(int(state.epoch or 0))  # e + the fraction done: e for an epoch begun or resumed
 
 
 @contextmanager
