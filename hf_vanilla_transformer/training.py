@@ -26,7 +26,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Sized
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -446,16 +446,20 @@ class TranslationTrainer(Seq2SeqTrainer):
     With any training arguments it evaluates and predicts
     - in dataset order (transformers 5 also applies `train_sampling_strategy="group_by_length"` to evaluation,
       whose predictions then come back in another order than the references they are scored against);
-    - with one prediction per example on several processes (see `evaluation_loop`);
+    - with one prediction per example on several processes (see `evaluation_loop`; `compute_metrics` given to the
+      constructor, by keyword, receives one too);
     - in the saved model's precision under --bf16 / --fp16 (see `prediction_step`).
 
     The train dataset needs `input_ids` and `labels` columns for token budgets.
     """
 
-    def __init__(self, model=None, args=None, *other, **kwargs):
+    def __init__(self, model=None, args=None, *other, compute_metrics=None, **kwargs):
         if args is not None and getattr(args, "learning_rate", 0) is None:
             args.learning_rate = paper_learning_rate(model.config.d_model, args.warmup_steps, args.learning_rate_scale)
-        super().__init__(model, args, *other, **kwargs)
+        self.examples_in_evaluation = None
+        if compute_metrics is not None:
+            compute_metrics = self.metrics_per_example(compute_metrics)
+        super().__init__(model, args, *other, compute_metrics=compute_metrics, **kwargs)
         self.batch_sampler_epoch = BatchSamplerEpoch()
         self.add_callback(self.batch_sampler_epoch)
         if isinstance(self.args, TranslationTrainingArguments):
@@ -536,27 +540,29 @@ class TranslationTrainer(Seq2SeqTrainer):
         """`Trainer.evaluation_loop` with one prediction per example on several processes. accelerate fills every
         process's last batch with examples from the dataset's start, and Seq2SeqTrainer.evaluate/predict gather
         with `accelerator.gather`, which keeps them (32 predictions for 24 references). Batched in dataset order
-        (`dataloader_in_order`), the first `len(dataset)` gathered rows are the dataset's: what `compute_metrics`
-        receives and the loop returns is cut there. (transformers offers no hook between gathering and
-        `compute_metrics`, so the function is wrapped for the loop.)"""
-        examples = len(dataloader.dataset)
+        (`dataloader_in_order`), the first `len(dataset)` gathered rows are the dataset's: what the loop returns is
+        cut there, and so is what `compute_metrics` receives (`metrics_per_example`: transformers offers no hook
+        between gathering and `compute_metrics`)."""
+        self.examples_in_evaluation = len(dataloader.dataset) if isinstance(dataloader.dataset, Sized) else None
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                         metric_key_prefix)  # fmt: skip
+        return EvalLoopOutput(self.first_examples(output.predictions), self.first_examples(output.label_ids),
+                              output.metrics, output.num_samples)  # fmt: skip
 
-        def first(arrays):
-            return None if arrays is None else nested_truncate(arrays, examples)
+    def first_examples(self, arrays):
+        """The rows of gathered `arrays` that are the evaluated dataset's, in its order (see `evaluation_loop`)."""
+        if arrays is None or self.examples_in_evaluation is None:  # an iterable dataset: its count is not known
+            return arrays
+        return nested_truncate(arrays, self.examples_in_evaluation)
 
-        compute_metrics = self.compute_metrics
-        if compute_metrics is not None:
-            self.compute_metrics = lambda prediction, **options: compute_metrics(
-                EvalPrediction(first(prediction.predictions), first(prediction.label_ids), first(prediction.inputs),
-                               first(prediction.losses)),
-                **options,
-            )  # fmt: skip
-        try:
-            output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
-                                             metric_key_prefix)  # fmt: skip
-        finally:
-            self.compute_metrics = compute_metrics
-        return EvalLoopOutput(first(output.predictions), first(output.label_ids), output.metrics, output.num_samples)
+    def metrics_per_example(self, compute_metrics):
+        """`compute_metrics` on one prediction (label, input, loss) per example (see `evaluation_loop`)."""
+
+        def compute(prediction: EvalPrediction, **options):
+            parts = (prediction.predictions, prediction.label_ids, prediction.inputs, prediction.losses)
+            return compute_metrics(EvalPrediction(*map(self.first_examples, parts)), **options)
+
+        return compute
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """`Seq2SeqTrainer.prediction_step` in the model's own precision. Under --bf16 / --fp16 accelerate wraps the

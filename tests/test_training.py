@@ -11,6 +11,7 @@ import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard
 from datasets import Dataset
+from torch.utils.data import DataLoader
 from transformers import (
     DataCollatorForSeq2Seq,
     ProgressCallback,
@@ -317,6 +318,29 @@ def test_evaluation_under_bf16_runs_in_the_saved_models_precision(tmp_path):
     assert ours.tolist() == float32.tolist()
     _, theirs = run(Seq2SeqTrainer, Seq2SeqTrainingArguments, bf16=True)
     assert theirs == {"prediction": {torch.bfloat16}}
+
+
+def test_evaluation_cuts_the_examples_accelerate_repeats_to_fill_the_last_batches(tmp_path):
+    """On several processes accelerate fills each process's last batch with examples from the dataset's start, which
+    come after the dataset's own when gathered; Seq2SeqTrainer's `accelerator.gather` keeps them. A loader that adds
+    them as accelerate does, on one process: the predictions and what compute_metrics receives are cut to the
+    dataset, in order."""
+    dataset = random_token_dataset(12, seed=3)
+    collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=tiny_model(), padding=True)
+    repeated = DataLoader(dataset, batch_sampler=[list(range(8)), [8, 9, 10, 11, 0, 1, 2, 3]], collate_fn=collator)
+
+    def evaluate(trainer_class, args_class):
+        received = []
+        args = args_class(output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_eval_batch_size=8)
+        trainer = trainer_class(model=tiny_model(), args=args, data_collator=collator,
+                                compute_metrics=lambda prediction: received.append(prediction) or {})  # fmt: skip
+        output = trainer.evaluation_loop(repeated, "Evaluation")
+        return output.label_ids.tolist(), received[0].label_ids.tolist(), len(received[0].predictions[0])  # logits
+
+    labels, metric_labels, metric_predictions = evaluate(TranslationTrainer, TranslationTrainingArguments)
+    assert [[t for t in row if t != -100] for row in labels] == dataset["labels"]
+    assert metric_labels == labels and metric_predictions == 12
+    assert len(evaluate(Seq2SeqTrainer, Seq2SeqTrainingArguments)[0]) == 16  # transformers' own keeps the repeats
 
 
 def test_the_trainer_takes_equation_3s_peak_unless_a_learning_rate_is_given(tmp_path):
