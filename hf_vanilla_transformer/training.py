@@ -474,7 +474,12 @@ class TranslationTrainer(Seq2SeqTrainer):
         """`Trainer.train`, refusing a checkpoint at which training is over (`training_is_over`): transformers would
         train one step more from it, and a run stopped after its training would not end where an uninterrupted run
         does. `save_final_model(checkpoint)` saves the final model from it."""
-        if isinstance(resume_from_checkpoint, str) and training_is_over(resume_from_checkpoint, self.args):
+        checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        if (
+            checkpoint
+            and os.path.isfile(os.path.join(checkpoint, TRAINER_STATE_NAME))
+            and training_is_over(checkpoint, self.args)
+        ):
             raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint}: training is over there (max_steps "
                              "reached or the time budget spent); save_final_model(it) saves its model")  # fmt: skip
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
