@@ -29,6 +29,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.checkpoints import checkpoint_to_resume, latest_checkpoint
 from hf_vanilla_transformer.commands import FlagParser, expand_recipe, flag_name, parse_config_overrides
 from hf_vanilla_transformer.data import load_translation_split
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
@@ -52,9 +53,8 @@ from hf_vanilla_transformer.tokenizer_training import (
 from hf_vanilla_transformer.training import (
     TranslationTrainer,
     TranslationTrainingArguments,
-    checkpoint_to_resume,
     fold_generation_settings,
-    latest_checkpoint,
+    training_is_over,
 )
 from hf_vanilla_transformer.visualize import write_card_picture
 
@@ -346,10 +346,18 @@ def train_and_evaluate(run: Run) -> dict:
     results, card_results, started = {}, {}, time.monotonic()
     example = ("A man is sleeping.", "")  # the model card's example, a test sentence and its translation if there are
 
+    state = trainer.state
     if args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-        trainer.save_final_model()
-        metrics = {**train_result.metrics, "train_samples": len(run.tokenized["train"])}
+        checkpoint = args.resume_from_checkpoint
+        if checkpoint is not None and training_is_over(checkpoint, args):
+            # a run stopped after its training (while averaging, saving or deleting): straight to the final model
+            logger.info("Training is over at %s: nothing more to train", checkpoint)
+            state = trainer.save_final_model(finished_checkpoint=checkpoint)
+            metrics = {"epoch": state.epoch}  # of this start, which trained nothing
+        else:
+            metrics = trainer.train(resume_from_checkpoint=checkpoint).metrics
+            state = trainer.save_final_model()
+        metrics["train_samples"] = len(run.tokenized["train"])
         trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)
         results.update(metrics)
@@ -382,7 +390,7 @@ def train_and_evaluate(run: Run) -> dict:
         write_text_atomically(
             os.path.join(args.output_dir, "all_results.json"), json.dumps(results, indent=4, sort_keys=True)
         )
-        write_model_card(trainer, run, card_results, results, example)
+        write_model_card(trainer, state, run, card_results, results, example)
         if push_to_hub:
             url = push_model_folder(args.output_dir, args.hub_model_id, token=args.hub_token,
                                     private=args.hub_private_repo)  # fmt: skip
@@ -390,16 +398,17 @@ def train_and_evaluate(run: Run) -> dict:
     return results
 
 
-def write_model_card(trainer, run: Run, card_results: dict, results: dict, example: tuple[str, str]) -> None:
+def write_model_card(trainer, state, run: Run, card_results: dict, results: dict, example: tuple[str, str]) -> None:
+    """The run folder's README.md; `state`: the trainer state of the training's end."""
     args, data_args = run.training_args, run.data_args
     data = data_args.dataset_description or data_args.dataset_name or data_args.train_file or "—"
     # the training clock's record (TimeLimitCallback): every start of a resumed run, evaluation not counted (the
     # Trainer's train_runtime is this start's wall-clock time alone)
-    recorded = [entry["training_seconds"] for entry in trainer.state.log_history if "training_seconds" in entry]
+    recorded = [entry["training_seconds"] for entry in state.log_history if "training_seconds" in entry]
     training = training_table(
         args,
         trainer.model.config.d_model,
-        trainer.state.global_step,
+        state.global_step,
         training_pairs=results.get("train_samples"),
         training_seconds=recorded[-1] if recorded else results.get("train_runtime"),
         data=data,

@@ -1,6 +1,7 @@
 """The package's command lines, in one place: the console scripts `vanilla-translate`, `vanilla-attention`,
-`vanilla-export-ctranslate2`, `vanilla-export-marian` and `vanilla-push-to-hub` (setup.cfg), each a thin shell over
-a library module (translate.py, visualize.py, export_ctranslate2.py, export_marian.py, hub.py), and what the
+`vanilla-average-checkpoints`, `vanilla-export-ctranslate2`, `vanilla-export-marian` and `vanilla-push-to-hub`
+(setup.cfg), each a thin shell over a library module (translate.py, visualize.py, checkpoints.py,
+export_ctranslate2.py, export_marian.py, hub.py), and what the
 top-level scripts `run_translation.py` and `train_bpe.py` share: a flag parser whose errors are one line, recipe
 files (expanded to flags, which the parser then checks) and `--config_overrides`.
 
@@ -311,7 +312,8 @@ def attention_main(argv: list[str] | None = None) -> None:
         try:
             require("matplotlib", "drawing attention pictures")
             check_output_dir(args.output_dir, args.overwrite_output_dir, source=args.model)
-            model, tokenizer = load_model_and_tokenizer(args.model, args.device)
+            # the eager attention path, the one that returns attention weights
+            model, tokenizer = load_model_and_tokenizer(args.model, args.device, attn_implementation="eager")
             maps = attention_maps(model, tokenizer, args.source, args.target, top_k=args.top_k)
             check_selection(maps, args.layer, args.head)
             step_tables = {}
@@ -333,6 +335,28 @@ def attention_main(argv: list[str] | None = None) -> None:
     for title, steps in step_tables.items():
         print(format_steps(title, steps))
     print(f"wrote {len(paths)} pictures and attention.html to {args.output_dir}")
+
+
+def average_checkpoints_main(argv: list[str] | None = None) -> None:
+    """vanilla-average-checkpoints: a run's newest checkpoints averaged into a model folder (checkpoints.py)."""
+    from .checkpoints import write_averaged_model
+
+    parser = argparse.ArgumentParser(
+        prog="vanilla-average-checkpoints",
+        description="Average the weights of the newest checkpoints of a training run (Section 6.1 of the paper: the "
+        "last 5), as fairseq's scripts/average_checkpoints.py does, into a new model folder that from_pretrained "
+        "and pipeline() load: the newest checkpoint's config, generation config and tokenizer with the mean weights.",
+    )
+    parser.add_argument("--model_dir", required=True, help="The run folder holding checkpoint-STEP folders.")
+    parser.add_argument("--last", type=int, default=5, help="How many of the newest checkpoints (default 5).")
+    parser.add_argument("--output_dir", required=True, help="The model folder to write (not the run folder).")
+    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
+    args = parser.parse_args(argv)
+    try:
+        folders = write_averaged_model(args.model_dir, args.last, args.output_dir, args.overwrite_output_dir)
+    except (OSError, ValueError) as error:
+        sys.exit(f"{parser.prog}: error: {one_line(error)}")
+    print(f"Wrote the mean of {', '.join(os.path.basename(folder) for folder in folders)} to {args.output_dir}")
 
 
 def export_ctranslate2_main(argv: list[str] | None = None) -> None:

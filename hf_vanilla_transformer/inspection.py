@@ -8,14 +8,14 @@ hypotheses kept, each linked to the one it extends, the alternatives with their 
 encoder-decoder attention looked;
 `teacher_forced_steps` tells the same of a given target, with the probability the model gave each of its tokens.
 
-Attention weights come from the eager attention path only (PyTorch's fused `sdpa` kernel does not return them):
-both functions switch a model to it for the call, say so with a warning, and switch it back.
+Attention weights come from the eager attention path only (PyTorch's fused `sdpa` kernel does not return them): for
+a model on another path, both functions run an eager copy of it and say so with a warning (load the model with
+`attn_implementation="eager"`, or call `model.set_attn_implementation("eager")`, to spare the copy).
 """
 
+import copy
 import math
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -119,21 +119,22 @@ def token_labels(tokenizer, ids) -> list[str]:
     return labels
 
 
-@contextmanager
-def eager_attention(model) -> Iterator[None]:
-    """Run `model` on the eager attention path, which returns attention weights, and restore its own after."""
-    previous = model.config._attn_implementation
-    if previous != "eager":
-        warnings.warn(
-            f"attention weights need the eager attention path: switched from {previous!r} to 'eager' for this call",
-            stacklevel=3,
-        )
-        model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        if previous != "eager":
-            model.set_attn_implementation(previous)
+def on_the_eager_path(model, encoded: dict[str, torch.Tensor]):
+    """`model` if it runs on the eager attention path, else an eager copy of it, with a warning. transformers has no
+    public way to read a model's attention implementation (`config._attn_implementation` is private); whether the
+    encoder returns attention weights for `encoded` tells."""
+    with torch.no_grad():
+        weights = model.get_encoder()(**encoded, output_attentions=True).attentions
+    if weights and all(layer is not None for layer in weights):
+        return model
+    warnings.warn(
+        "attention weights need the eager attention path, which the model is not on: this call runs an eager copy of "
+        "it (model.set_attn_implementation('eager') spares the copy)",
+        stacklevel=3,
+    )
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    return eager
 
 
 def attention_maps(
@@ -144,7 +145,8 @@ def attention_maps(
     at each target position the probability of the target's token and the model's `top_k` choices."""
     check_top_k(top_k, model)
     encoded = encode_sentence(source, "source", tokenizer, model)
-    with eager_attention(model), torch.no_grad():
+    model = on_the_eager_path(model, encoded)
+    with torch.no_grad():
         if target is None:
             labels = model.generate(**encoded, **generate_kwargs)[:, 1:]  # without the decoder's `<s>`
         else:
@@ -207,7 +209,8 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
     check_top_k(top_k, model)
     encoded = encode_sentence(source, "source", tokenizer, model)
     recorder = _RunningSequences()
-    with eager_attention(model), torch.no_grad():
+    model = on_the_eager_path(model, encoded)
+    with torch.no_grad():
         output = model.generate(
             **encoded,
             # every finished hypothesis, best first: the first is the translation

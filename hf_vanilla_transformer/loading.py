@@ -19,11 +19,11 @@ class ModelFolderError(ValueError):
     """A model or tokenizer folder that cannot be used; the message names the file and the problem."""
 
 
-def load_model_and_tokenizer(model_path: str, device: str | None = None, dtype=None):
-    """The model (on `device`; default: cuda if available; in `dtype`, default: as saved) and tokenizer of a folder
-    or of a Hub id (`model_folder`)."""
+def load_model_and_tokenizer(model_path: str, device: str | None = None, dtype=None, attn_implementation=None):
+    """The model (on `device`; default: cuda if available; in `dtype`, default: as saved; on the attention path
+    `attn_implementation`, default: transformers') and tokenizer of a folder or of a Hub id (`model_folder`)."""
     model_path = model_folder(model_path)
-    return load_model(model_path, device, dtype=dtype), load_tokenizer(model_path)
+    return load_model(model_path, device, dtype, attn_implementation), load_tokenizer(model_path)
 
 
 def model_folder(model: str) -> str:
@@ -46,11 +46,11 @@ def model_folder(model: str) -> str:
         raise ModelFolderError(f"{model}: not a model folder, nor a model on the Hub ({first_line(error)})") from None
 
 
-def load_model(model_path: str, device: str | None = None, dtype=None):
+def load_model(model_path: str, device: str | None = None, dtype=None, attn_implementation: str | None = None):
     """The folder's sequence-to-sequence model, checked: its config fits its weights and this machine's memory,
     model.safetensors holds exactly the model's weights, and all are finite. `dtype` (a torch dtype or its name)
-    is `from_pretrained`'s (default: as saved). What is checked here and what is left to transformers:
-    docs/loading.md."""
+    and `attn_implementation` are `from_pretrained`'s (default: as saved; transformers' choice). What is checked
+    here and what is left to transformers: docs/loading.md."""
     import torch
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
@@ -69,8 +69,9 @@ def load_model(model_path: str, device: str | None = None, dtype=None):
     check_config_fits(config, model_path)
     try:
         model, report = AutoModelForSeq2SeqLM.from_pretrained(
-            model_path, config=config, trust_remote_code=False, output_loading_info=True, dtype=dtype
-        )
+            model_path, config=config, trust_remote_code=False, output_loading_info=True, dtype=dtype,
+            attn_implementation=attn_implementation,
+        )  # fmt: skip
     except Exception as error:  # safetensors' SafetensorError derives from Exception alone
         raise ModelFolderError(f"{model_path}: {first_line(error)}") from None
     weights_file = os.path.join(model_path, WEIGHTS_NAME)

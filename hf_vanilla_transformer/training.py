@@ -10,7 +10,8 @@ batches, the learning-rate schedule, checkpoint averaging, a time budget, and a 
 - Schedule (Section 5.3, Equation 3): lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5). That is
   transformers' `inverse_sqrt` schedule, lr * min(step / warmup, sqrt(warmup / step)), with the peak
   lr = d_model^-0.5 * warmup^-0.5 (`paper_learning_rate`), so we use it as it is.
-- Checkpoint averaging (Section 6.1): "we used a single model obtained by averaging the last 5 checkpoints".
+- Checkpoint averaging (Section 6.1): "we used a single model obtained by averaging the last 5 checkpoints", with
+  the functions of `checkpoints.py` once training is over (`TranslationTrainer.save_final_model`).
 - Label smoothing (Section 5.4) is the Trainer's own `label_smoothing_factor`.
 - A time budget (ours, not the paper's): `max_train_minutes` ends training with a checkpoint, so that a recipe
   fits a machine's time; the progress bar then measures that budget.
@@ -19,22 +20,22 @@ batches, the learning-rate schedule, checkpoint averaging, a time budget, and a 
 """
 
 import copy
-import json
+import inspect
 import logging
 import math
 import os
 import random
-import re
-import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Sequence, Sized
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import datasets
 import torch
-from safetensors.torch import load_file
-from torch.utils.data import DataLoader, Sampler, SequentialSampler
+from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 from transformers import (
+    EvalPrediction,
     GenerationConfig,
     ProgressCallback,
     Seq2SeqTrainer,
@@ -43,8 +44,10 @@ from transformers import (
 )
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState, TrainerState
-from transformers.trainer_pt_utils import LengthGroupedSampler
-from transformers.trainer_utils import SchedulerType, TrainOutput
+from transformers.trainer_pt_utils import nested_truncate
+from transformers.trainer_utils import EvalLoopOutput, SchedulerType, TrainOutput
+
+from .checkpoints import last_checkpoints, load_averaged_checkpoints, rotate_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +102,26 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "Every parameter takes part in every step; transformers' default (True) would make DDP "
                   "walk the autograd graph once more each step."},
     )  # fmt: skip
+    keep_newest_checkpoints: int | None = field(
+        default=None, init=False, metadata={"help": "save_total_limit, for TranslationTrainer's rotation by step."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        # transformers rotates checkpoints by modification time, which a stopped deletion upsets (`rotate_checkpoints`):
+        # the limit goes to TranslationTrainer's rotation by step, and `save_total_limit` None keeps the Trainer's off
+        self.keep_newest_checkpoints, self.save_total_limit = self.save_total_limit, None
+        averaged, kept = self.average_last_checkpoints, self.keep_newest_checkpoints
+        if averaged < 1:
+            raise ValueError(f"average_last_checkpoints {averaged} must be at least 1")
+        if averaged > 1 and self.save_strategy == "no":
+            raise ValueError(f"average_last_checkpoints {averaged} needs checkpoints, and save_strategy is 'no'")
+        if kept and averaged > kept:
+            raise ValueError(f"average_last_checkpoints {averaged} is more than the save_total_limit {kept} "
+                             "checkpoints kept")  # fmt: skip
+        if self.max_tokens_per_batch is not None and self.train_sampling_strategy != "random":
+            raise ValueError(f"train_sampling_strategy {self.train_sampling_strategy!r} has no effect with "
+                             "max_tokens_per_batch, whose batches are grouped by length and shuffled")  # fmt: skip
 
 
 # The settings that only one way of decoding reads: GenerationConfig.validate (transformers 5.24) refuses to save a
@@ -149,12 +172,15 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     Pairs are sorted by (source length, target length), ties broken at random each epoch, and cut into batches
     that stay within the budget once padded: len(batch) * longest source <= max_tokens, and the same for targets.
-    The batches are then shuffled (same seed on every process) and dealt out round-robin, so each of the
-    `num_replicas` processes gets a disjoint share and every pair is seen exactly once per epoch. An optimizer step
-    takes `num_replicas * accumulation_steps` batches; if the number of batches is not a multiple of that, the
-    largest batches are halved until it is, as every process must run the same number of steps. So N processes and
-    one process accumulating N batches get the same batches in the same order. A pair longer than the budget on its
-    own forms a batch alone.
+    The batches are then shuffled (with the same seed on every process). An optimizer step takes
+    `num_processes * accumulation_steps` batches; if the number of batches is not a multiple of that, the largest
+    batches are halved until it is, as every process must run the same number of steps. A pair longer than the
+    budget on its own forms a batch alone.
+
+    On several processes, accelerate shares the batches out: `accelerator.prepare` wraps the sampler in its
+    `BatchSamplerShard`, which deals them round-robin, process r taking batches r, r + N, r + 2N, ... So N processes
+    and one process accumulating N batches take the same batches in the same steps. (The sampler has no
+    `batch_size`: accelerate then deals its batches as they are, whatever their sizes.)
     """
 
     def __init__(
@@ -162,41 +188,39 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         source_lengths: Sequence[int],
         target_lengths: Sequence[int],
         max_tokens: int,
-        num_replicas: int = 1,
-        rank: int = 0,
+        num_processes: int = 1,
+        accumulation_steps: int = 1,
         shuffle: bool = True,
         seed: int = 0,
-        accumulation_steps: int = 1,
     ):
         if len(source_lengths) != len(target_lengths):
             raise ValueError("source_lengths and target_lengths differ in length")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        if num_processes < 1:
+            raise ValueError(f"num_processes must be positive, got {num_processes}")
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be positive, got {accumulation_steps}")
         self.source_lengths = list(source_lengths)
         self.target_lengths = list(target_lengths)
         self.max_tokens = max_tokens
-        self.num_replicas = num_replicas
-        self.rank = rank
+        self.num_processes = num_processes
+        self.accumulation_steps = accumulation_steps
         self.shuffle = shuffle
         self.seed = seed
-        self.accumulation_steps = accumulation_steps
         self.epoch = 0
-        self._length = len(self._all_batches(epoch=0)) // num_replicas
+        self.batch_count = len(self.all_batches(epoch=0))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self._length
+        return self.batch_count
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self._all_batches(self.epoch)[self.rank :: self.num_replicas])
+        return iter(self.all_batches(self.epoch))
 
-    def _all_batches(self, epoch: int) -> list[list[int]]:
+    def all_batches(self, epoch: int) -> list[list[int]]:
         rng = random.Random(self.seed + epoch)
         order = list(range(len(self.source_lengths)))
         if self.shuffle:
@@ -215,13 +239,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         if batch:
             batches.append(batch)
 
-        per_step = self.num_replicas * self.accumulation_steps
+        per_step = self.num_processes * self.accumulation_steps
         while len(batches) % per_step:
             largest = max(range(len(batches)), key=lambda b: len(batches[b]))
             if len(batches[largest]) < 2:
                 raise ValueError(
                     f"{len(order)} examples cannot fill the {per_step} batches of a step "
-                    f"({self.num_replicas} processes x {self.accumulation_steps} accumulation steps)"
+                    f"({self.num_processes} processes x {self.accumulation_steps} accumulation steps)"
                 )
             half = len(batches[largest]) // 2
             batches[largest : largest + 1] = [batches[largest][:half], batches[largest][half:]]
@@ -235,117 +259,6 @@ def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> 
     if warmup_steps < 1 or warmup_steps != int(warmup_steps):
         raise ValueError(f"warmup_steps {warmup_steps} must be a whole number of steps, at least 1, for Equation 3")
     return scale * d_model**-0.5 * int(warmup_steps) ** -0.5
-
-
-CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-BEING_DELETED = ".deleting-"  # the prefix a checkpoint folder is renamed to before its files are deleted
-
-
-def checkpoint_folders(output_dir: str) -> list[str]:
-    """The Trainer's complete `checkpoint-STEP` folders in `output_dir`, oldest first. A folder that a stopped run
-    left half-written is passed over, with a log line: the Trainer writes a checkpoint's `trainer_state.json` last,
-    so a checkpoint is complete when that file reads as JSON and names the folder's step. (A folder is renamed
-    away before it is deleted, `rotate_checkpoints`, so a half-deleted one is never mistaken for a checkpoint.)"""
-    steps = []
-    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
-        match = CHECKPOINT.fullmatch(name)
-        if not match:
-            continue
-        if is_complete_checkpoint(os.path.join(output_dir, name), int(match.group(1))):
-            steps.append(int(match.group(1)))
-        else:
-            logger.warning("%s is incomplete (its run stopped while writing it): not used", name)
-    return [os.path.join(output_dir, f"checkpoint-{step}") for step in sorted(steps)]
-
-
-def rotate_checkpoints(output_dir: str, limit: int | None, keep: str | None = None) -> None:
-    """Keep the newest `limit` complete checkpoints by step (and `keep`, the best one), and delete the folders of
-    older steps, complete or not.
-
-    transformers' own rotation orders the folders by modification time, which deleting files changes: a run
-    stopped while deleting a folder leaves it half-deleted and, to the next rotation, the newest, so a newer
-    checkpoint is deleted in its place and checkpoint averaging reads the half-deleted one. Here the order is the
-    step's, and each folder is renamed away (atomically) before its files are deleted.
-    """
-    if not os.path.isdir(output_dir):
-        return
-    for name in os.listdir(output_dir):  # what a stopped deletion left
-        if name.startswith(BEING_DELETED):
-            shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
-    complete = checkpoint_folders(output_dir)
-    if not limit or len(complete) <= limit:
-        return
-    oldest_kept = int(CHECKPOINT.fullmatch(os.path.basename(complete[-limit])).group(1))
-    steps = sorted(int(match.group(1)) for match in map(CHECKPOINT.fullmatch, os.listdir(output_dir)) if match)
-    for step in steps:
-        name = f"checkpoint-{step}"
-        folder = os.path.join(output_dir, name)
-        if step < oldest_kept and not (keep and os.path.samefile(folder, keep)):
-            logger.info("Deleting %s (keeping the newest %d)", name, limit)
-            os.replace(folder, os.path.join(output_dir, BEING_DELETED + name))
-            shutil.rmtree(os.path.join(output_dir, BEING_DELETED + name))
-
-
-def is_complete_checkpoint(folder: str, step: int) -> bool:
-    try:
-        with open(os.path.join(folder, TRAINER_STATE_NAME), encoding="utf-8") as file:
-            state = json.load(file)
-    except (OSError, ValueError):
-        return False
-    return state.get("global_step") == step and os.path.isfile(os.path.join(folder, "model.safetensors"))
-
-
-def latest_checkpoint(output_dir: str) -> str | None:
-    """The newest complete checkpoint in `output_dir`, or None."""
-    folders = checkpoint_folders(output_dir)
-    return folders[-1] if folders else None
-
-
-def checkpoint_to_resume(folder: str) -> str:
-    """The checkpoint a run given `folder` resumes from: `folder` itself when it is complete, else (a run stopped
-    while writing it) the newest complete checkpoint beside it, with a log line. A checkpoint older than the newest
-    beside it is refused: the run would go on from there while averaging and rotation read the newer ones."""
-    match = CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(folder)))
-    if not os.path.isdir(folder) or match is None:
-        raise ValueError(f"resume_from_checkpoint {folder}: not a checkpoint-STEP folder the Trainer wrote")
-    newest = latest_checkpoint(os.path.dirname(os.path.normpath(folder)))
-    if not is_complete_checkpoint(folder, int(match.group(1))):
-        if newest is None:
-            raise ValueError(f"resume_from_checkpoint {folder}: incomplete (its run stopped while writing it), and "
-                             "there is no complete checkpoint beside it")  # fmt: skip
-        logger.warning("%s is incomplete (its run stopped while writing it): resuming from %s instead", folder, newest)
-        return newest
-    if not os.path.samefile(folder, newest):
-        raise ValueError(f"resume_from_checkpoint {folder}: {newest} is newer; resume from the newest checkpoint, or "
-                         "move the newer ones away")  # fmt: skip
-    return folder
-
-
-def average_checkpoints(folders: Sequence[str]) -> dict[str, torch.Tensor]:
-    """The element-wise mean of the `model.safetensors` weights of `folders`, computed in float64."""
-    if not folders:
-        raise ValueError("no checkpoints to average")
-    total = None
-    for folder in folders:
-        weights = load_file(os.path.join(folder, "model.safetensors"))
-        if total is None:
-            total = {name: tensor.to(torch.float64) for name, tensor in weights.items()}
-        elif weights.keys() != total.keys():
-            raise ValueError(f"{folder} holds different tensors from {folders[0]}")
-        else:
-            for name, tensor in weights.items():
-                total[name] += tensor
-    # back to the checkpoints' own dtypes (`weights` is the last one read)
-    return {name: (tensor / len(folders)).to(weights[name].dtype) for name, tensor in total.items()}
-
-
-def load_averaged_checkpoints(model: torch.nn.Module, folders: Sequence[str]) -> None:
-    """Replace `model`'s weights with the average of `folders`' (tied weights are stored once and stay tied)."""
-    missing, unexpected = model.load_state_dict(average_checkpoints(folders), strict=False)
-    tied = set(getattr(model, "all_tied_weights_keys", {}))
-    if unexpected or set(missing) - tied:
-        missing = sorted(set(missing) - tied)
-        raise ValueError(f"checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
 
 
 class TimeLimitCallback(TrainerCallback, ExportableState):
@@ -443,6 +356,79 @@ class TimeBudgetProgressCallback(ProgressCallback):
         super().on_log(args, state, control, logs=logs, **kwargs)
 
 
+def training_is_over(checkpoint: str, args: Seq2SeqTrainingArguments) -> bool:
+    """Whether a run given `args` has nothing more to train from `checkpoint`: `max_steps` reached (or, training by
+    epochs, the step count the checkpoint's run ended at, for the same `num_train_epochs`), or the time budget
+    `max_train_minutes` spent. Read from the checkpoint's `trainer_state.json`."""
+    state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+    if 0 < args.max_steps <= state.global_step:
+        return True
+    by_epochs = args.max_steps <= 0 and state.num_train_epochs == args.num_train_epochs
+    if by_epochs and 0 < state.max_steps <= state.global_step:
+        return True
+    minutes = getattr(args, "max_train_minutes", None)
+    return minutes is not None and TimeLimitCallback.spent_in(state) >= minutes * 60
+
+
+class CheckpointCallback(TrainerCallback):
+    """The recipe's checkpoints, kept through the Trainer's public hooks:
+
+    - the last step is a checkpoint whatever `save_strategy` (but "no"), so that averaging includes it and a run
+      resumed from it sees that training is over (transformers saves it for "steps" and "epoch", not "best");
+    - after each save, the newest `args.keep_newest_checkpoints` stay, by step, and older folders are renamed away
+      before their files are deleted (`rotate_checkpoints`). `TranslationTrainingArguments` takes the stock
+      `save_total_limit` for this and leaves transformers' own rotation, by modification time, off.
+    """
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps and args.save_strategy == "best":
+            control.should_save = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        if args.should_save:
+            rotate_checkpoints(args.output_dir, args.keep_newest_checkpoints, keep=state.best_model_checkpoint)
+
+
+class BatchSamplerEpoch(TrainerCallback):
+    """Gives the token-budget sampler its epoch at the start of every epoch, a resumed one included. The Trainer
+    calls `set_epoch` on its training DataLoader, which accelerate (1.15) forwards to the batch sampler only where no
+    `BatchSamplerShard` wraps it (one process), and not to the loader that `skip_first_batches` builds for the
+    epoch a run resumes in; transformers 5.23 and 5.24 also reach into the shard, 5.16 does not."""
+
+    def __init__(self):
+        self.sampler = None
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.sampler is not None:
+            self.sampler.set_epoch(int(state.epoch or 0))  # e + the fraction done: e for an epoch begun or resumed
+
+
+@contextmanager
+def autocast_off(model: torch.nn.Module, device_type: str) -> Iterator[None]:
+    """Run `model`'s submodules with autocast off, also inside the autocast that accelerate wraps the model's own
+    `forward` in under --bf16 / --fp16 (the innermost autocast context wins, and the submodules are called inside
+    that forward). torch's module hooks enter and leave the context around each submodule call, an exception
+    included (`always_call`)."""
+    entered = []
+
+    def enter(module, args):
+        entered.append(torch.autocast(device_type, enabled=False))
+        entered[-1].__enter__()
+
+    def leave(module, args, output):
+        entered.pop().__exit__(None, None, None)
+
+    handles = []
+    for child in model.children():
+        handles += [child.register_forward_pre_hook(enter), child.register_forward_hook(leave, always_call=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 class TranslationTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` for the paper's recipe, driven by `TranslationTrainingArguments`:
 
@@ -450,165 +436,191 @@ class TranslationTrainer(Seq2SeqTrainer):
       instead of a fixed number of sentences (`None`: the Trainer's own batches);
     - the learning rate of Equation 3 for the model's d_model when `learning_rate` is not given;
     - a time limit, `max_train_minutes`, with a progress bar against it;
+    - checkpoints rotated by step, the last step always saved (`CheckpointCallback`);
     - `save_final_model()`: the mean of the last `average_last_checkpoints` checkpoints saved as the model, and
       then the checkpoints deleted but the last (`keep_checkpoints` keeps them): the run folder is the model;
     - resuming that ends where an uninterrupted run does: half-written checkpoints are passed over
-      (`checkpoint_folders`), and a checkpoint at which training is over trains no further (`train`);
-    - evaluation and prediction in dataset order, always: transformers 5 also applies
-      `train_sampling_strategy="group_by_length"` to evaluation, whose predictions then come back shuffled, out of
-      line with the references they are scored against;
-    - and one prediction per example on several processes (Seq2SeqTrainer keeps the repeated padding examples).
+      (`checkpoint_folders`), and `train()` refuses a checkpoint at which training is over (`training_is_over`:
+      transformers would train a step more), whose run goes straight to `save_final_model(checkpoint)`.
 
-    With plain `Seq2SeqTrainingArguments` it is the plain `Seq2SeqTrainer`. The train dataset needs `input_ids` and
-    `labels` columns for token budgets.
+    With any training arguments it evaluates and predicts
+    - in dataset order (transformers 5 also applies `train_sampling_strategy="group_by_length"` to evaluation,
+      whose predictions then come back in another order than the references they are scored against);
+    - with one prediction per example on several processes (see `evaluation_loop`; `compute_metrics` given to the
+      constructor, by keyword, receives one too);
+    - in the saved model's precision under --bf16 / --fp16 (see `prediction_step`).
+
+    The train dataset needs `input_ids` and `labels` columns for token budgets.
     """
 
-    def __init__(self, model=None, args=None, *other, **kwargs):
+    def __init__(self, model=None, args=None, *other, compute_metrics=None, **kwargs):
         if args is not None and getattr(args, "learning_rate", 0) is None:
             args.learning_rate = paper_learning_rate(model.config.d_model, args.warmup_steps, args.learning_rate_scale)
-        super().__init__(model, args, *other, **kwargs)
-        if hasattr(self.args, "max_train_minutes"):  # the training clock runs with or without a limit
-            minutes = self.args.max_train_minutes
+        self.examples_in_evaluation = None
+        if compute_metrics is not None:
+            compute_metrics = self.metrics_per_example(compute_metrics)
+        super().__init__(model, args, *other, compute_metrics=compute_metrics, **kwargs)
+        self.batch_sampler_epoch = BatchSamplerEpoch()
+        self.add_callback(self.batch_sampler_epoch)
+        if isinstance(self.args, TranslationTrainingArguments):
+            self.add_callback(CheckpointCallback())
+            minutes = self.args.max_train_minutes  # the training clock runs with or without a limit
             time_limit = TimeLimitCallback(minutes)
             self.add_callback(time_limit)
             if minutes is not None and self.pop_callback(ProgressCallback) is not None:
                 self.add_callback(TimeBudgetProgressCallback(time_limit))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs) -> TrainOutput:
-        """`Trainer.train`, except from a checkpoint at which training is over (`max_steps` reached, or the time
-        budget spent): transformers would train one step more from it, so a run stopped after its training, during
-        averaging or saving, would not end where an uninterrupted run does. That checkpoint is loaded as it is
-        instead, and nothing more is trained."""
-        if isinstance(resume_from_checkpoint, str):
-            state = TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME))
-            if self._training_is_over(state):
-                logger.info("Training is over at %s: loaded, nothing more to train", resume_from_checkpoint)
-                self._load_from_checkpoint(resume_from_checkpoint)
-                self.state = state
-                losses = [entry["loss"] for entry in state.log_history if "loss" in entry]
-                loss = sum(losses) / len(losses) if losses else float("nan")  # of the logged windows: no step ran
-                return TrainOutput(state.global_step, loss, {"epoch": state.epoch, "train_loss": loss})
+        """`Trainer.train`, refusing a checkpoint at which training is over (`training_is_over`): transformers would
+        train one step more from it, and a run stopped after its training would not end where an uninterrupted run
+        does. `save_final_model(checkpoint)` saves the final model from it."""
+        checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        if (
+            checkpoint
+            and os.path.isfile(os.path.join(checkpoint, TRAINER_STATE_NAME))
+            and training_is_over(checkpoint, self.args)
+        ):
+            raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint}: training is over there (max_steps "
+                             "reached or the time budget spent); save_final_model(it) saves its model")  # fmt: skip
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
-    def _training_is_over(self, state: TrainerState) -> bool:
-        if 0 < self.args.max_steps <= state.global_step:
-            return True
-        time_limit = next((c for c in self.callback_handler.callbacks if isinstance(c, TimeLimitCallback)), None)
-        return time_limit is not None and TimeLimitCallback.spent_in(state) >= time_limit.seconds
-
-    def _save_checkpoint(self, model, trial) -> None:
-        """`Trainer._save_checkpoint`, with old checkpoints deleted by `rotate_checkpoints` (by step, each renamed
-        away first) instead of transformers' rotation by modification time."""
-        limit, self.args.save_total_limit = self.args.save_total_limit, None
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            self.args.save_total_limit = limit
-        if self.args.should_save:
-            rotate_checkpoints(self._get_output_dir(trial=trial), limit, keep=self.state.best_model_checkpoint)
+    def model_input_columns(self, dataset):
+        """`dataset` with only the columns the model's `forward` takes, and the labels, as the Trainer keeps them
+        with `remove_unused_columns` (its own method for that is private)."""
+        if not self.args.remove_unused_columns or not isinstance(dataset, datasets.Dataset):
+            return dataset
+        taken = {*inspect.signature(self.model.forward).parameters, "label", "label_ids", *self.label_names}
+        return dataset.select_columns([column for column in dataset.column_names if column in taken])
 
     def get_train_dataloader(self) -> DataLoader:
         max_tokens = getattr(self.args, "max_tokens_per_batch", None)
         if max_tokens is None:
             return super().get_train_dataloader()
-        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        dataset = self.model_input_columns(self.train_dataset)
         sampler = TokenBudgetBatchSampler(
             [len(ids) for ids in dataset["input_ids"]],
             [len(ids) for ids in dataset["labels"]],
             max_tokens=max_tokens,
-            num_replicas=self.args.world_size,
-            rank=self.args.process_index,
-            seed=self.args.seed,
+            num_processes=self.args.world_size,
             accumulation_steps=self.args.gradient_accumulation_steps,
+            seed=self.args.seed,
         )
-        dataloader = self.accelerator.prepare(
-            DataLoader(
-                dataset,
-                batch_sampler=sampler,
-                collate_fn=self.data_collator,
-                num_workers=self.args.dataloader_num_workers,
-                pin_memory=self.args.dataloader_pin_memory,
-            )
+        self.batch_sampler_epoch.sampler = sampler
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
         )
-        # Our sampler already gives each process its share; stop accelerate from sharding the shares again.
-        shard = getattr(dataloader, "batch_sampler", None)
-        if getattr(shard, "batch_sampler", None) is sampler:
-            shard.num_processes, shard.process_index = 1, 0
-        return dataloader
+        return self.accelerator.prepare(loader)  # on several processes, accelerate deals the batches out
 
-    def _get_eval_sampler(self, eval_dataset) -> Sampler | None:
-        sampler = super()._get_eval_sampler(eval_dataset)
-        if isinstance(sampler, LengthGroupedSampler):
-            # what the Trainer gives without length grouping: on several processes, none, so that accelerate shards
-            # the batches and drops the padding batches when it gathers (a sampler of ours would keep them)
-            return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
-        return sampler
+    def get_eval_dataloader(self, eval_dataset: str | datasets.Dataset | None = None) -> DataLoader:
+        """The Trainer's evaluation batches, always in dataset order (see `dataloader_in_order`)."""
+        if eval_dataset is None and self.eval_dataset is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        if isinstance(eval_dataset, str):
+            eval_dataset = self.eval_dataset[eval_dataset]
+        return self.dataloader_in_order(self.eval_dataset if eval_dataset is None else eval_dataset)
 
-    def evaluation_loop(self, *args, **kwargs):
-        # Seq2SeqTrainer.evaluate/predict (transformers 5.24) gather with `accelerator.gather`, which on several
-        # processes keeps the samples accelerate repeats to fill the last batch: 32 predictions for 24 references.
-        # `gather_for_metrics` drops them.
-        self.gather_function = self.accelerator.gather_for_metrics
-        # Mixed precision (--bf16, --fp16) is for training: accelerate wraps the model's forward in autocast, for
-        # evaluation too, and the scores would then describe another model than the one saved (in full precision).
-        native_amp, self.accelerator.native_amp = self.accelerator.native_amp, False
-        autocast_forward = (
-            self.model.__dict__.pop("forward", None) if hasattr(self.model, "_original_forward") else None
+    def get_test_dataloader(self, test_dataset: datasets.Dataset) -> DataLoader:
+        return self.dataloader_in_order(test_dataset)
+
+    def dataloader_in_order(self, dataset) -> DataLoader:
+        """Batches of `args.eval_batch_size` examples in dataset order. transformers 5 chooses evaluation's sampler
+        as training's with `train_sampling_strategy="group_by_length"` (a LengthGroupedSampler); here evaluation
+        takes none, so it goes in order, and on several processes accelerate shares the batches out and fills the
+        last ones with examples from the start, which come after the dataset's own (`evaluation_loop`)."""
+        loader = DataLoader(
+            self.model_input_columns(dataset),
+            batch_size=self.args.eval_batch_size,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
         )
-        try:
-            return super().evaluation_loop(*args, **kwargs)
-        finally:
-            self.accelerator.native_amp = native_amp
-            if autocast_forward is not None:
-                self.model.forward = autocast_forward
+        return self.accelerator.prepare(loader)
 
-    def save_final_model(self) -> None:
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval") -> EvalLoopOutput:  # fmt: skip
+        """`Trainer.evaluation_loop` with one prediction per example on several processes. accelerate fills every
+        process's last batch with examples from the dataset's start, and Seq2SeqTrainer.evaluate/predict gather
+        with `accelerator.gather`, which keeps them (32 predictions for 24 references). Batched in dataset order
+        (`dataloader_in_order`), the first `len(dataset)` gathered rows are the dataset's: what the loop returns is
+        cut there, and so is what `compute_metrics` receives (`metrics_per_example`: transformers offers no hook
+        between gathering and `compute_metrics`)."""
+        self.examples_in_evaluation = len(dataloader.dataset) if isinstance(dataloader.dataset, Sized) else None
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                         metric_key_prefix)  # fmt: skip
+        return EvalLoopOutput(self.first_examples(output.predictions), self.first_examples(output.label_ids),
+                              output.metrics, output.num_samples)  # fmt: skip
+
+    def first_examples(self, arrays):
+        """The rows of gathered `arrays` that are the evaluated dataset's, in its order (see `evaluation_loop`)."""
+        if arrays is None or self.examples_in_evaluation is None:  # an iterable dataset: its count is not known
+            return arrays
+        return nested_truncate(arrays, self.examples_in_evaluation)
+
+    def metrics_per_example(self, compute_metrics):
+        """`compute_metrics` on one prediction (label, input, loss) per example (see `evaluation_loop`)."""
+
+        def compute(prediction: EvalPrediction, **options):
+            parts = (prediction.predictions, prediction.label_ids, prediction.inputs, prediction.losses)
+            return compute_metrics(EvalPrediction(*map(self.first_examples, parts)), **options)
+
+        return compute
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        """`Seq2SeqTrainer.prediction_step` in the model's own precision. Under --bf16 / --fp16 accelerate wraps the
+        model's `forward` in autocast for evaluation too, and transformers has no setting for evaluating a
+        mixed-precision run in full precision (`--bf16_full_eval` casts the model to bfloat16): the scores would
+        describe another model than the one saved. Autocast is turned off inside it (`autocast_off`)."""
+        with autocast_off(self.model, self.accelerator.device.type):
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+
+    def save_final_model(self, finished_checkpoint: str | None = None) -> TrainerState:
         """Save the trained model in `args.output_dir`, averaged (Section 6.1) when `args.average_last_checkpoints`
         asks, with the trainer state; then delete the checkpoints but the last, unless `args.keep_checkpoints`.
+        Returns the trainer state saved.
 
-        A run resumed after that, at the step its saved model records (a rerun of a finished run, or one stopped
-        while deleting), loads the saved model instead of averaging again: the checkpoints it averaged are gone.
+        `finished_checkpoint`: a checkpoint at which training was already over (`training_is_over`), for a run
+        that trained nothing; its trainer state and weights stand for the training's end. A run ended at the step
+        its saved model records (a rerun of a finished run, or one stopped while deleting) loads the saved model
+        instead of averaging again: the checkpoints it averaged are gone.
         """
-        output_dir = self.args.output_dir
-        if self._saved_model_is_this_runs():
+        args, output_dir = self.args, self.args.output_dir
+        if finished_checkpoint is None:
+            state, count = self.state, args.average_last_checkpoints
+        else:
+            state = TrainerState.load_from_json(os.path.join(finished_checkpoint, TRAINER_STATE_NAME))
+            count = max(args.average_last_checkpoints, 1)  # the checkpoint's own weights at the least
+        if saved_model_is_of(output_dir, state):
             logger.info("%s holds this run's final model already: loaded, not averaged again", output_dir)
             load_averaged_checkpoints(self.model, [output_dir])  # the mean of one folder: its weights
         else:
-            if self.args.average_last_checkpoints > 1:
-                self.average_checkpoints_into_model()
+            # Every process averages into its own model (each evaluates next), from checkpoints that only the main
+            # process writes and deletes: all read the same complete folders, between two waits.
+            self.accelerator.wait_for_everyone()
+            if count > 1 or finished_checkpoint is not None:
+                folders = last_checkpoints(output_dir, count)
+                if len(folders) < count:
+                    logger.warning("Only %d checkpoints to average (asked for %d)", len(folders), count)
+                logger.info("Averaging %s", ", ".join(os.path.basename(folder) for folder in folders))
+                load_averaged_checkpoints(self.model, folders)
+            self.accelerator.wait_for_everyone()
             self.save_model()
-            self.save_state()  # last: the saved trainer state says that the model beside it is complete
+            if self.is_world_process_zero():  # last: the saved trainer state says that the model beside it is complete
+                state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
         self.accelerator.wait_for_everyone()
-        if not self.args.keep_checkpoints and self.is_world_process_zero():
+        if not args.keep_checkpoints and self.is_world_process_zero():
             rotate_checkpoints(output_dir, limit=1)
+        return state
 
-    def _saved_model_is_this_runs(self) -> bool:
-        """Whether `output_dir` holds the model `save_final_model` saved at this step of this run: its trainer
-        state names the step and continues the log of the checkpoint this run ended at."""
-        try:
-            saved = TrainerState.load_from_json(os.path.join(self.args.output_dir, TRAINER_STATE_NAME))
-        except (OSError, ValueError):
-            return False
-        logged = self.state.log_history
-        return saved.global_step == self.state.global_step and saved.log_history[: len(logged)] == logged
 
-    def average_checkpoints_into_model(self) -> list[str]:
-        """Section 6.1: load into the model the average of the last `args.average_last_checkpoints` checkpoints in
-        `args.output_dir`, the final step's included (saved first if it was not a save step). Returns their folders.
-        """
-        count = self.args.average_last_checkpoints
-        # Every process averages into its own model (each evaluates next), from checkpoints that only the main
-        # process writes: all must see the same complete folders, so wait for its writing before and after.
-        self.accelerator.wait_for_everyone()
-        folders = checkpoint_folders(self.args.output_dir)
-        final = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
-        if final not in folders:  # a whole checkpoint, so that a run stopped from here on resumes from it
-            self._save_checkpoint(self.model, trial=None)
-            folders.append(final)
-        self.accelerator.wait_for_everyone()
-        chosen = folders[-count:]
-        if len(chosen) < count:
-            logger.warning("Only %d checkpoints to average (asked for %d)", len(chosen), count)
-        logger.info("Averaging %s", ", ".join(os.path.basename(folder) for folder in chosen))
-        load_averaged_checkpoints(self.model, chosen)
-        return chosen
+def saved_model_is_of(output_dir: str, state: TrainerState) -> bool:
+    """Whether `output_dir` holds the final model saved at the end of the run `state` describes: its trainer state
+    names the step and continues the log of `state`."""
+    try:
+        saved = TrainerState.load_from_json(os.path.join(output_dir, TRAINER_STATE_NAME))
+    except (OSError, ValueError):
+        return False
+    return saved.global_step == state.global_step and saved.log_history[: len(state.log_history)] == state.log_history

@@ -109,6 +109,18 @@ def random_token_dataset(size: int, seed: int) -> Dataset:
     return Dataset.from_dict({"input_ids": [s for s, _ in rows], "labels": [t for _, t in rows]})
 
 
+def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:
+    """Translate a letter string into its reverse: a task a tiny Transformer learns in a few hundred steps."""
+    rng = random.Random(seed)
+    sources = [" ".join(rng.choices(LETTERS, k=rng.randint(3, 7))) for _ in range(size)]
+    targets = [" ".join(reversed(s.split())) for s in sources]
+    return Dataset.from_dict({"source": sources, "target": targets}).map(
+        lambda batch: tokenizer(batch["source"], text_target=batch["target"]),
+        batched=True,
+        remove_columns=["source", "target"],
+    )
+
+
 TRAIN, VALIDATION, TEST = (str(MULTI30K / f"{split}.jsonl") for split in ("train", "validation", "test"))
 
 # a 2+2-layer d_model 64 model, trained, evaluated and used for prediction in seconds

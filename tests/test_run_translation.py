@@ -42,11 +42,12 @@ from helpers import (
     write_lines,
 )
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.checkpoints import checkpoint_to_resume
 from hf_vanilla_transformer.commands import recipe_flags
 from hf_vanilla_transformer.data import file_sentences
 from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
 from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
-from hf_vanilla_transformer.training import TranslationTrainingArguments, checkpoint_to_resume
+from hf_vanilla_transformer.training import TranslationTrainingArguments
 
 OUTPUT_FILES = {
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -268,6 +269,17 @@ GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
         (
             lambda d: ["--train_file", write_lines(d / "t.jsonl", [GOOD] * 50), "--num_beams", "0"],
             r"num_beams=0 must be at least 1",
+        ),
+        (
+            lambda d: [
+                "--train_file",
+                write_lines(d / "t.jsonl", [GOOD] * 50),
+                "--average_last_checkpoints",
+                "5",
+                "--save_total_limit",
+                "2",
+            ],
+            r"average_last_checkpoints 5 is more than the save_total_limit 2 checkpoints kept$",
         ),
     ],
 )
@@ -523,9 +535,15 @@ def test_resume_from_checkpoint(tmp_path):
         "--max_train_minutes", "60",  # a budget that never ends the run, and records the training time
     ]  # fmt: skip
     run_translation.main([*tiny, "--max_steps", "4"])
-    first = json.loads((tmp_path / "run" / "trainer_state.json").read_text())["log_history"][-1]["training_seconds"]
     checkpoint = tmp_path / "run" / "checkpoint-4"
     assert (checkpoint / "model.safetensors").exists()
+    # the first start's training time as the checkpoint records it, set to 1000 s: the second start counts on from
+    # it, which shows whatever the machine's speed
+    checkpoint_state = json.loads((checkpoint / "trainer_state.json").read_text())
+    recorded = checkpoint_state["stateful_callbacks"]["TimeLimitCallback"]["attributes"]
+    assert recorded["spent_seconds"] > 0
+    recorded["spent_seconds"] = 1000.0
+    (checkpoint / "trainer_state.json").write_text(json.dumps(checkpoint_state))
     run_translation.main([*tiny, "--max_steps", "8", "--resume_from_checkpoint", str(checkpoint)])
     state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
     assert state["global_step"] == 8
@@ -533,7 +551,7 @@ def test_resume_from_checkpoint(tmp_path):
     # the card counts both starts' training, as the budget does (the Trainer's train_runtime is the last start's)
     total = state["log_history"][-1]["training_seconds"]
     train_runtime = json.loads((tmp_path / "run" / "train_results.json").read_text())["train_runtime"]
-    assert total > first and total > train_runtime
+    assert 1000 <= total <= 1000 + train_runtime + 0.05  # 0.05: rounding
     assert f"- training time: {total / 60:.1f} minutes\n" in (tmp_path / "run" / "README.md").read_text()
 
 

@@ -9,7 +9,9 @@ import time
 
 import pytest
 import torch
+from accelerate.data_loader import BatchSamplerShard
 from datasets import Dataset
+from torch.utils.data import DataLoader
 from transformers import (
     DataCollatorForSeq2Seq,
     ProgressCallback,
@@ -20,18 +22,17 @@ from transformers import (
     get_scheduler,
 )
 
-from helpers import BOS, LETTERS, letter_tokenizer, random_token_dataset, tiny_config, tiny_model
+from helpers import BOS, LETTERS, letter_tokenizer, random_token_dataset, reversal_dataset, tiny_config, tiny_model
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.checkpoints import average_checkpoints
 from hf_vanilla_transformer.training import (
+    BatchSamplerEpoch,
     TimeLimitCallback,
     TokenBudgetBatchSampler,
     TranslationTrainer,
     TranslationTrainingArguments,
-    average_checkpoints,
-    checkpoint_folders,
-    latest_checkpoint,
-    load_averaged_checkpoints,
     paper_learning_rate,
+    training_is_over,
 )
 
 
@@ -71,13 +72,19 @@ def test_batches_are_reshuffled_each_epoch_and_reproducible():
     assert keys == sorted(keys)
 
 
-def test_two_ranks_get_disjoint_equal_shares_of_everything():
+def shares(sampler: TokenBudgetBatchSampler, processes: int) -> list[list[list[int]]]:
+    """Each process's batches as accelerate deals them out (`accelerator.prepare` wraps a DataLoader's batch sampler
+    in this BatchSamplerShard on several processes)."""
+    return [list(BatchSamplerShard(sampler, num_processes=processes, process_index=rank)) for rank in range(processes)]
+
+
+def test_accelerate_gives_two_processes_disjoint_equal_shares_of_everything():
     sources, targets = lengths(777, seed=1)
-    shares = [TokenBudgetBatchSampler(sources, targets, 256, num_replicas=2, rank=rank, seed=5) for rank in (0, 1)]
-    for share in shares:
-        share.set_epoch(2)
-    batches = [list(share) for share in shares]
-    assert len(batches[0]) == len(batches[1]) == len(shares[0]) == len(shares[1])
+    sampler = TokenBudgetBatchSampler(sources, targets, 256, num_processes=2, seed=5)
+    sampler.set_epoch(2)
+    batches = shares(sampler, 2)
+    assert len(batches[0]) == len(batches[1]) == len(sampler) // 2
+    assert batches[0] == list(sampler)[0::2] and batches[1] == list(sampler)[1::2]  # round-robin
     seen = [{i for batch in rank_batches for i in batch} for rank_batches in batches]
     assert not seen[0] & seen[1]
     assert seen[0] | seen[1] == set(range(777))
@@ -86,17 +93,35 @@ def test_two_ranks_get_disjoint_equal_shares_of_everything():
 
 @pytest.mark.parametrize("count", [777, 778, 779, 780])
 def test_n_processes_get_the_batches_of_one_process_accumulating_n(count):
-    """Step k of one process accumulating 2 batches takes the batches that rank 0 and rank 1 take at step k, for
-    any number of batches (odd counts are evened out the same way in both)."""
+    """Step k of one process accumulating 2 batches takes the batches that accelerate deals to process 0 and 1 at
+    step k, for any number of batches (odd counts are evened out the same way in both), in every epoch."""
     sources, targets = lengths(count, seed=count)
     one = TokenBudgetBatchSampler(sources, targets, 256, seed=5, accumulation_steps=2)
-    ranks = [TokenBudgetBatchSampler(sources, targets, 256, num_replicas=2, rank=rank, seed=5) for rank in (0, 1)]
-    for sampler in (one, *ranks):
-        sampler.set_epoch(1)
-    accumulated = list(one)
-    assert len(accumulated) % 2 == 0 and len(accumulated) == 2 * len(ranks[0])
-    assert [batch for pair in zip(*ranks, strict=True) for batch in pair] == accumulated
-    assert sorted(i for batch in accumulated for i in batch) == list(range(count))
+    two = TokenBudgetBatchSampler(sources, targets, 256, seed=5, num_processes=2)
+    for epoch in (0, 1, 2):
+        one.set_epoch(epoch)
+        two.set_epoch(epoch)
+        accumulated = list(one)
+        assert len(accumulated) % 2 == 0 and len(accumulated) == len(two)
+        assert [batch for pair in zip(*shares(two, 2), strict=True) for batch in pair] == accumulated
+        assert sorted(i for batch in accumulated for i in batch) == list(range(count))
+
+
+def test_the_batches_of_a_seed_stay_what_they_were():
+    """A run resumed by a later version of the package goes on with the batches it started with: these are the
+    batches that version 0.2.0 (which dealt out the shares itself) gave each of 2 processes."""
+    sources = [8, 9, 8, 8, 9, 4, 3, 9, 8, 3, 2, 8, 5, 3, 2, 9, 1, 7, 8, 3, 1]
+    targets = [9, 2, 1, 1, 4, 4, 1, 8, 6, 8, 4, 9, 4, 5, 8, 1, 2, 8, 5, 7, 9]
+    sampler = TokenBudgetBatchSampler(sources, targets, 16, num_processes=2, seed=4)
+    assert shares(sampler, 2) == [
+        [[8], [17, 2], [5, 12], [7], [10], [0], [11], [14]],
+        [[20], [1], [19, 9], [15], [4], [6, 13], [16], [3, 18]],
+    ]
+    sampler.set_epoch(1)
+    assert shares(sampler, 2) == [
+        [[8], [7], [19, 9], [17, 2], [0], [10], [5, 12], [11]],
+        [[3, 18], [1], [4], [20], [15], [6, 13], [14], [16]],
+    ]
 
 
 def test_an_example_longer_than_the_budget_is_a_batch_of_its_own():
@@ -107,10 +132,10 @@ def test_an_example_longer_than_the_budget_is_a_batch_of_its_own():
 def test_bad_sampler_arguments():
     with pytest.raises(ValueError, match="max_tokens must be positive"):
         TokenBudgetBatchSampler([1], [1], max_tokens=0)
-    with pytest.raises(ValueError, match="rank 2 is not in"):
-        TokenBudgetBatchSampler([1], [1], max_tokens=10, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="num_processes must be positive, got 0"):
+        TokenBudgetBatchSampler([1], [1], max_tokens=10, num_processes=0)
     with pytest.raises(ValueError, match=r"1 examples cannot fill the 2 batches of a step \(2 processes x 1"):
-        TokenBudgetBatchSampler([1], [1], max_tokens=10, num_replicas=2, rank=0)
+        TokenBudgetBatchSampler([1], [1], max_tokens=10, num_processes=2)
     with pytest.raises(ValueError, match="accumulation_steps must be positive, got 0"):
         TokenBudgetBatchSampler([1], [1], max_tokens=10, accumulation_steps=0)
 
@@ -126,43 +151,6 @@ def test_inverse_sqrt_schedule_is_equation_3(d_model, warmup, scale):
         equation_3 = scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
         assert scheduler.get_last_lr()[0] == pytest.approx(equation_3, rel=1e-9), step
     assert paper_learning_rate(512, 4000) == pytest.approx(6.988e-4, rel=1e-3)  # the base model's peak
-
-
-def test_checkpoint_averaging_is_the_mean_of_known_weights(tmp_path, caplog):
-    model = tiny_model()
-    # a distinct value in every entry of every tensor, so that a tensor read under another's name would show
-    offset, distinct = 0, {}
-    for name, parameter in model.named_parameters():
-        distinct[name] = torch.arange(offset, offset + parameter.numel(), dtype=torch.float32).view_as(parameter) / 1e4
-        offset += parameter.numel()
-    for step, factor in ((10, 1.0), (20, 2.0), (30, 6.0), (5, 100.0)):
-        with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                parameter.copy_(factor * distinct[name])
-        model.save_pretrained(tmp_path / f"checkpoint-{step}")
-        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    (tmp_path / "checkpoint-40").mkdir()  # unfinished checkpoints: no weights, no trainer state ...
-    model.save_pretrained(tmp_path / "checkpoint-50")  # ... weights, no trainer state ...
-    model.save_pretrained(tmp_path / "checkpoint-60")  # ... a trainer state cut short by a kill
-    (tmp_path / "checkpoint-60" / "trainer_state.json").write_text('{"global_step": 6')
-    with caplog.at_level("WARNING"):
-        folders = checkpoint_folders(str(tmp_path))
-    assert [f.rsplit("-", 1)[1] for f in folders] == ["5", "10", "20", "30"]
-    incomplete = [r.getMessage() for r in caplog.records if "incomplete" in r.getMessage()]
-    assert sorted(incomplete) == [f"checkpoint-{step} is incomplete (its run stopped while writing it): not used"
-                                  for step in (40, 50, 60)]  # fmt: skip
-    assert latest_checkpoint(str(tmp_path)) == folders[-1]
-
-    averaged = average_checkpoints(folders[-3:])  # factors 1, 2 and 6: the mean is 3 times each value
-    assert averaged.keys() == distinct.keys()  # every parameter, the tied matrix once
-    for name, tensor in averaged.items():
-        torch.testing.assert_close(tensor, 3 * distinct[name], msg=name)
-    load_averaged_checkpoints(model, folders[-3:])
-    for name, parameter in model.named_parameters():
-        torch.testing.assert_close(parameter.detach(), 3 * distinct[name], msg=name)
-    assert model.lm_head.weight is model.model.shared.weight
-    with pytest.raises(ValueError, match="no checkpoints"):
-        average_checkpoints([])
 
 
 def test_trainer_batches_by_token_budget_with_gradient_accumulation(tmp_path):
@@ -217,6 +205,144 @@ def test_predictions_come_in_dataset_order_even_with_length_grouped_training(tmp
     assert predicted_labels(Seq2SeqTrainer, Seq2SeqTrainingArguments) != dataset["labels"]
 
 
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"average_last_checkpoints": 0}, "average_last_checkpoints 0 must be at least 1"),
+        ({"average_last_checkpoints": 3, "save_strategy": "no"}, "needs checkpoints, and save_strategy is 'no'"),
+        ({"average_last_checkpoints": 5, "save_total_limit": 2}, "is more than the save_total_limit 2 checkpoints"),
+        ({"max_tokens_per_batch": 500, "train_sampling_strategy": "group_by_length"},
+         "train_sampling_strategy 'group_by_length' has no effect with max_tokens_per_batch"),
+    ],
+)  # fmt: skip
+def test_training_arguments_that_make_no_sense_together_are_refused(tmp_path, settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TranslationTrainingArguments(output_dir=str(tmp_path), **settings)
+
+
+def write_state(folder, **fields) -> str:
+    folder.mkdir(parents=True)
+    TrainerState(**fields).save_to_json(str(folder / "trainer_state.json"))
+    return str(folder)
+
+
+def test_training_is_over_at_max_steps_at_the_epochs_end_or_when_the_budget_is_spent(tmp_path):
+    def args(**settings):
+        return TranslationTrainingArguments(output_dir=str(tmp_path), **settings)
+
+    spent = {"TimeLimitCallback": {"args": {"minutes": 1.0}, "attributes": {"spent_seconds": 60.0}}}
+    at_step_40 = write_state(tmp_path / "a" / "checkpoint-40", global_step=40, max_steps=40, num_train_epochs=2,
+                             stateful_callbacks=spent)  # fmt: skip
+    assert training_is_over(at_step_40, args(max_steps=40)) and not training_is_over(at_step_40, args(max_steps=41))
+    assert training_is_over(at_step_40, args(num_train_epochs=2))  # the run that trained 2 epochs ended at step 40
+    assert not training_is_over(at_step_40, args(num_train_epochs=3))
+    assert training_is_over(at_step_40, args(max_steps=100, max_train_minutes=1.0))  # 60 s of 60 spent
+    assert not training_is_over(at_step_40, args(max_steps=100, max_train_minutes=1.5))
+    at_step_10 = write_state(tmp_path / "b" / "checkpoint-10", global_step=10, max_steps=40, num_train_epochs=2)
+    assert not training_is_over(at_step_10, args(num_train_epochs=2))
+    assert not training_is_over(at_step_10, args(max_steps=40, max_train_minutes=1.0))  # no time recorded: none spent
+
+
+def test_the_sampler_takes_the_epoch_the_trainer_is_in_even_where_accelerate_does_not_pass_it_on():
+    sampler = TokenBudgetBatchSampler(*lengths(50), max_tokens=100)
+    callback = BatchSamplerEpoch()
+    callback.sampler = sampler
+    for epoch, expected in ((0.0, 0), (1.0, 1), (2 + 26 / 27, 2), (3.0, 3)):  # begun, or resumed part-way
+        callback.on_epoch_begin(None, TrainerState(epoch=epoch), None)
+        assert sampler.epoch == expected
+
+
+def test_a_resumed_run_takes_the_batches_an_uninterrupted_run_takes(tmp_path):
+    """Token-budget batches, 2 accumulated a step, 6 batches an epoch: stopped after step 4, in its second epoch,
+    and resumed, the run goes on with the batches an uninterrupted run takes from there."""
+    dataset = random_token_dataset(60, seed=6)
+
+    class StopAt4(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_training_stop = state.global_step == 4
+
+    def batches_seen(output_dir, resume=None, callbacks=()):
+        seen, collator = [], DataCollatorForSeq2Seq(letter_tokenizer(), model=tiny_model())
+
+        def record(features):
+            seen.append([tuple(feature["input_ids"]) for feature in features])
+            return collator(features)
+
+        args = TranslationTrainingArguments(
+            output_dir=str(output_dir), max_steps=8, save_steps=4, max_tokens_per_batch=200,
+            gradient_accumulation_steps=2, warmup_steps=2, report_to=[], use_cpu=True, disable_tqdm=True,
+        )  # fmt: skip
+        trainer = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=record,
+                                     callbacks=list(callbacks))  # fmt: skip
+        assert len(trainer.get_train_dataloader()) == 6
+        seen.clear()
+        trainer.train(resume_from_checkpoint=resume)
+        return seen
+
+    # 16 batches trained, and one more that accelerate's loader reads ahead
+    uninterrupted = batches_seen(tmp_path / "whole")
+    assert len(uninterrupted) == 17 and uninterrupted[:6] != uninterrupted[6:12]  # each epoch its own batches
+    assert len(batches_seen(tmp_path / "stopped", callbacks=[StopAt4()])) == 9
+    assert batches_seen(tmp_path / "stopped", resume=str(tmp_path / "stopped" / "checkpoint-4")) == uninterrupted[8:]
+
+
+def test_evaluation_under_bf16_runs_in_the_saved_models_precision(tmp_path):
+    """With --bf16 accelerate runs the model's forward under bfloat16 autocast, evaluation included (transformers'
+    Seq2SeqTrainer predicts in bfloat16); TranslationTrainer turns autocast off inside, so its predictions are the
+    float32 model's, while training stays in bfloat16."""
+    dataset = random_token_dataset(12, seed=7)
+
+    def run(trainer_class, args_class, bf16, train=False):
+        model = tiny_model()
+        dtypes = []
+        model.lm_head.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+        args = args_class(output_dir=str(tmp_path), bf16=bf16, use_cpu=True, max_steps=2, learning_rate=0.0,
+                          per_device_train_batch_size=4, per_device_eval_batch_size=4, predict_with_generate=True,
+                          save_strategy="no", report_to=[], disable_tqdm=True)  # fmt: skip
+        trainer = trainer_class(model=model, args=args, train_dataset=dataset,
+                                data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model))  # fmt: skip
+        phases = {}
+        if train:
+            trainer.train()
+            phases["training"], dtypes[:] = set(dtypes), []
+        predictions = trainer.predict(dataset).predictions
+        phases["prediction"], dtypes[:] = set(dtypes), []
+        if train:
+            trainer.train()  # again, after the prediction
+            phases["training again"] = set(dtypes)
+        return predictions, phases
+
+    float32, _ = run(Seq2SeqTrainer, Seq2SeqTrainingArguments, bf16=False)
+    ours, phases = run(TranslationTrainer, TranslationTrainingArguments, bf16=True, train=True)  # lr 0: untrained
+    assert phases == {"training": {torch.bfloat16}, "prediction": {torch.float32}, "training again": {torch.bfloat16}}
+    assert ours.tolist() == float32.tolist()
+    _, theirs = run(Seq2SeqTrainer, Seq2SeqTrainingArguments, bf16=True)
+    assert theirs == {"prediction": {torch.bfloat16}}
+
+
+def test_evaluation_cuts_the_examples_accelerate_repeats_to_fill_the_last_batches(tmp_path):
+    """On several processes accelerate fills each process's last batch with examples from the dataset's start, which
+    come after the dataset's own when gathered; Seq2SeqTrainer's `accelerator.gather` keeps them. A loader that adds
+    them as accelerate does, on one process: the predictions and what compute_metrics receives are cut to the
+    dataset, in order."""
+    dataset = random_token_dataset(12, seed=3)
+    collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=tiny_model(), padding=True)
+    repeated = DataLoader(dataset, batch_sampler=[list(range(8)), [8, 9, 10, 11, 0, 1, 2, 3]], collate_fn=collator)
+
+    def evaluate(trainer_class, args_class):
+        received = []
+        args = args_class(output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_eval_batch_size=8)
+        trainer = trainer_class(model=tiny_model(), args=args, data_collator=collator,
+                                compute_metrics=lambda prediction: received.append(prediction) or {})  # fmt: skip
+        output = trainer.evaluation_loop(repeated, "Evaluation")
+        return output.label_ids.tolist(), received[0].label_ids.tolist(), len(received[0].predictions[0])  # logits
+
+    labels, metric_labels, metric_predictions = evaluate(TranslationTrainer, TranslationTrainingArguments)
+    assert [[t for t in row if t != -100] for row in labels] == dataset["labels"]
+    assert metric_labels == labels and metric_predictions == 12
+    assert len(evaluate(Seq2SeqTrainer, Seq2SeqTrainingArguments)[0]) == 16  # transformers' own keeps the repeats
+
+
 def test_the_trainer_takes_equation_3s_peak_unless_a_learning_rate_is_given(tmp_path):
     def trainer(**settings):
         args = TranslationTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, **settings)
@@ -267,11 +393,14 @@ def test_a_time_limit_stops_training_with_a_checkpoint_and_a_progress_bar_of_the
     spent = TimeLimitCallback.spent_in(TrainerState.load_from_json(f"{checkpoint}/trainer_state.json"))
     assert 1.8 <= spent < 60
     collator = trainer.data_collator
+    assert training_is_over(checkpoint, args)  # the budget is spent: nothing more to train
     resumed = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
-    resumed.train(resume_from_checkpoint=checkpoint)  # the budget is spent: nothing more is trained
-    assert resumed.state.global_step == steps
+    with pytest.raises(ValueError, match=r"checkpoint-\d+: training is over there \(max_steps reached or the time"):
+        resumed.train(resume_from_checkpoint=checkpoint)  # transformers would train a step more
+    assert resumed.save_final_model(finished_checkpoint=checkpoint).global_step == steps  # the model it ended with
     assert all(torch.equal(a, b) for a, b in zip(resumed.model.parameters(), model.parameters(), strict=True))
     args.max_train_minutes = 0.06  # 3.6 seconds in all: about as long again
+    assert not training_is_over(checkpoint, args)
     longer = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
     started = time.monotonic()
     longer.train(resume_from_checkpoint=checkpoint)
@@ -331,26 +460,14 @@ def test_the_final_model_is_the_average_and_only_the_last_checkpoint_stays(tmp_p
     assert not all(torch.equal(saved[k], last[k]) for k in saved)
     kept = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("checkpoint-*"))
     assert kept == ([3, 6, 9, 12] if keep_checkpoints else [12])
-    # resumed at the last checkpoint (a rerun, or a run stopped while deleting): the saved model, not the average
-    # of the checkpoints left
+    # ended at the last checkpoint (a rerun, or a run stopped while deleting): the saved model, not the average of
+    # the checkpoints left
+    assert training_is_over(str(tmp_path / "checkpoint-12"), args)
     again = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
-    again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-12"))
-    again.save_final_model()
+    again.save_final_model(finished_checkpoint=str(tmp_path / "checkpoint-12"))
     state = again.model.state_dict()
     assert all(torch.equal(state[k], average[k]) for k in average)
     assert average_checkpoints([str(tmp_path)]).keys() == saved.keys()
-
-
-def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:
-    """Translate a letter string into its reverse: a task a tiny Transformer learns in a few hundred steps."""
-    rng = random.Random(seed)
-    sources = [" ".join(rng.choices(LETTERS, k=rng.randint(3, 7))) for _ in range(size)]
-    targets = [" ".join(reversed(s.split())) for s in sources]
-    return Dataset.from_dict({"source": sources, "target": targets}).map(
-        lambda batch: tokenizer(batch["source"], text_target=batch["target"]),
-        batched=True,
-        remove_columns=["source", "target"],
-    )
 
 
 @pytest.mark.slow
@@ -509,8 +626,9 @@ def test_resuming_never_unpickles_code(tmp_path, state_file):
 
 
 def test_without_a_time_limit_the_training_time_still_counts_every_start(tmp_path):
-    """The card's training time is the last log entry's `training_seconds`: a resumed run's counts on from its
-    checkpoint's (the Trainer's own `train_runtime` is the last start's alone)."""
+    """The card's training time is the last log entry's `training_seconds`: a resumed run's counts on from the time
+    its checkpoint records (the Trainer's own `train_runtime` is the last start's alone). The checkpoint's record is
+    set to 1000 s, so that the resumed run shows counting on from it whatever the machine's speed."""
     dataset = random_token_dataset(64, seed=2)
     args = TranslationTrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=4,
                                         logging_steps=1, save_steps=6, report_to=[], use_cpu=True)  # fmt: skip
@@ -518,9 +636,20 @@ def test_without_a_time_limit_the_training_time_still_counts_every_start(tmp_pat
     first = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
     first.train()
     first_start = [entry["training_seconds"] for entry in first.state.log_history if "loss" in entry]
+    state_file = tmp_path / "checkpoint-6" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    recorded = state["stateful_callbacks"]["TimeLimitCallback"]
+    assert recorded["args"]["minutes"] is None and round(recorded["attributes"]["spent_seconds"], 1) >= first_start[-1]
+    recorded["attributes"]["spent_seconds"] = 1000.0
+    state_file.write_text(json.dumps(state))
+
     args.max_steps = 9
     resumed = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
+    started = time.monotonic()
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+    wall_seconds = time.monotonic() - started
     times = [entry["training_seconds"] for entry in resumed.state.log_history if "loss" in entry]
     assert len(first_start) == 6 and times[:6] == first_start  # the first start's record, from the checkpoint
-    assert len(times) == 9 and times == sorted(times) and times[-1] > first_start[-1] > 0
+    assert len(times) == 9 and times[6:] == sorted(times[6:])
+    assert all(1000 <= seconds <= 1000 + wall_seconds + 0.05 for seconds in times[6:]), times  # 0.05: rounding
+    assert 1000 <= TimeLimitCallback.spent_in(resumed.state) <= 1000 + wall_seconds  # what checkpoint-9 records

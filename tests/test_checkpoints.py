@@ -1,0 +1,172 @@
+"""hf_vanilla_transformer.checkpoints: which checkpoints are complete, rotation by step, averaging (Section 6.1) and
+the command vanilla-average-checkpoints, which writes the mean of a run's newest checkpoints as a model folder."""
+
+import json
+import os
+import runpy
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+)
+
+from helpers import letter_tokenizer, reversal_dataset, tiny_model
+from hf_vanilla_transformer.checkpoints import (
+    average_checkpoints,
+    checkpoint_folders,
+    latest_checkpoint,
+    load_averaged_checkpoints,
+)
+from hf_vanilla_transformer.commands import average_checkpoints_main
+from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
+from hf_vanilla_transformer.training import TranslationTrainer, TranslationTrainingArguments
+
+
+def test_checkpoint_averaging_is_the_mean_of_known_weights(tmp_path, caplog):
+    model = tiny_model()
+    # a distinct value in every entry of every tensor, so that a tensor read under another's name would show
+    offset, distinct = 0, {}
+    for name, parameter in model.named_parameters():
+        distinct[name] = torch.arange(offset, offset + parameter.numel(), dtype=torch.float32).view_as(parameter) / 1e4
+        offset += parameter.numel()
+    for step, factor in ((10, 1.0), (20, 2.0), (30, 6.0), (5, 100.0)):
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                parameter.copy_(factor * distinct[name])
+        model.save_pretrained(tmp_path / f"checkpoint-{step}")
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (tmp_path / "checkpoint-40").mkdir()  # unfinished checkpoints: no weights, no trainer state ...
+    model.save_pretrained(tmp_path / "checkpoint-50")  # ... weights, no trainer state ...
+    model.save_pretrained(tmp_path / "checkpoint-60")  # ... a trainer state cut short by a kill
+    (tmp_path / "checkpoint-60" / "trainer_state.json").write_text('{"global_step": 6')
+    with caplog.at_level("WARNING"):
+        folders = checkpoint_folders(str(tmp_path))
+    assert [f.rsplit("-", 1)[1] for f in folders] == ["5", "10", "20", "30"]
+    incomplete = [r.getMessage() for r in caplog.records if "incomplete" in r.getMessage()]
+    assert sorted(incomplete) == [f"checkpoint-{step} is incomplete (its run stopped while writing it): not used"
+                                  for step in (40, 50, 60)]  # fmt: skip
+    assert latest_checkpoint(str(tmp_path)) == folders[-1]
+
+    averaged = average_checkpoints(folders[-3:])  # factors 1, 2 and 6: the mean is 3 times each value
+    assert averaged.keys() == distinct.keys()  # every parameter, the tied matrix once
+    for name, tensor in averaged.items():
+        torch.testing.assert_close(tensor, 3 * distinct[name], msg=name)
+    load_averaged_checkpoints(model, folders[-3:])
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter.detach(), 3 * distinct[name], msg=name)
+    assert model.lm_head.weight is model.model.shared.weight
+    with pytest.raises(ValueError, match="no checkpoints"):
+        average_checkpoints([])
+
+
+def train_with_checkpoints(output_dir, trainer_class=TranslationTrainer, callbacks=(), **settings):
+    """A tiny model trained 8 steps with a checkpoint every 2 (its tokenizer saved beside each); returns the trainer."""
+    arguments = dict(output_dir=str(output_dir), max_steps=8, save_steps=2, per_device_train_batch_size=4,
+                     learning_rate=1e-3, report_to=[], use_cpu=True, disable_tqdm=True, **settings)  # fmt: skip
+    args_class = TranslationTrainingArguments if trainer_class is TranslationTrainer else Seq2SeqTrainingArguments
+    tokenizer = letter_tokenizer()
+    model = tiny_model(vocab_size=len(tokenizer))
+    trainer = trainer_class(
+        model=model, args=args_class(**arguments), train_dataset=reversal_dataset(tokenizer, 64, seed=4),
+        data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model), processing_class=letter_tokenizer(),
+        callbacks=list(callbacks),
+    )  # fmt: skip
+    trainer.train()
+    return trainer
+
+
+class MakeTheFirstCheckpointLookNewest(TrainerCallback):
+    """After the second save, gives checkpoint-2 a modification time in the future: what a deletion stopped halfway
+    does to a folder's time, in the order of a rotation by modification time."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == 4:
+            first = os.path.join(args.output_dir, "checkpoint-2")
+            os.utime(first, (os.stat(first).st_atime, os.stat(first).st_mtime + 1000))
+
+
+def test_checkpoints_are_rotated_by_step_with_transformers_rotation_off(tmp_path):
+    ours = train_with_checkpoints(tmp_path / "ours", callbacks=[MakeTheFirstCheckpointLookNewest()], save_total_limit=2)
+    assert (ours.args.save_total_limit, ours.args.keep_newest_checkpoints) == (None, 2)  # the Trainer's rotation off
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["checkpoint-6", "checkpoint-8"]
+    # transformers' rotation by modification time keeps the folder that looks newest in place of a newer one
+    theirs = train_with_checkpoints(tmp_path / "theirs", trainer_class=Seq2SeqTrainer, save_total_limit=2,
+                                    callbacks=[MakeTheFirstCheckpointLookNewest()])  # fmt: skip
+    assert theirs.args.save_total_limit == 2
+    assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["checkpoint-2", "checkpoint-8"]
+
+
+def test_the_command_writes_the_mean_of_the_newest_checkpoints_as_a_model_folder(tmp_path, capsys):
+    run = tmp_path / "run"
+    train_with_checkpoints(run)
+    capsys.readouterr()  # the training's log
+    average_checkpoints_main(["--model_dir", str(run), "--last", "3", "--output_dir", str(tmp_path / "averaged")])
+    assert (
+        capsys.readouterr().out
+        == f"Wrote the mean of checkpoint-4, checkpoint-6, checkpoint-8 to {tmp_path / 'averaged'}\n"
+    )
+
+    # the mean, computed here in float64 from the checkpoints' own files
+    checkpoints = [load_file(run / f"checkpoint-{step}" / "model.safetensors") for step in (4, 6, 8)]
+    averaged = load_file(tmp_path / "averaged" / "model.safetensors")
+    assert averaged.keys() == checkpoints[0].keys()
+    for name, tensor in averaged.items():
+        mean = torch.stack([checkpoint[name].double() for checkpoint in checkpoints]).mean(0).float()
+        torch.testing.assert_close(tensor, mean, rtol=0, atol=1e-7, msg=name)
+    assert not torch.equal(averaged["model.shared.weight"], checkpoints[-1]["model.shared.weight"])
+
+    # a model folder, without the training state: it loads and translates as any of ours
+    names = {path.name for path in (tmp_path / "averaged").iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= names
+    assert not names & {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"}
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "averaged")
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in averaged.items())
+    translator = TranslationPipeline(model=model, tokenizer=AutoTokenizer.from_pretrained(tmp_path / "averaged"))
+    assert len(translator(["a b c", "d e"], max_new_tokens=5)) == 2
+    assert {p.name for p in run.iterdir()} == {f"checkpoint-{step}" for step in (2, 4, 6, 8)}  # the run untouched
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--last", "5"], "model_dir {run} holds 4 complete checkpoints; averaging the last 5 needs 5"),
+        (["--last", "0"], "the number of checkpoints to average must be at least 1, got 0"),
+        (["--output_dir", "{run}"], "output_dir {run} holds the run folder {run}: write the model elsewhere"),
+        (["--output_dir", "{tmp}"], "output_dir {tmp} holds the run folder {run}: write the model elsewhere"),
+        (["--model_dir", "{tmp}/nothing"], "model_dir {tmp}/nothing: no such folder"),
+        (["--output_dir", "{tmp}/taken"], "output_dir {tmp}/taken exists and is not empty; add overwrite_output_dir"),
+    ],
+)
+def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path, flags, message):
+    run = tmp_path / "run"
+    train_with_checkpoints(run)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "mine.txt").write_text("mine")
+    before = sorted(str(path) for path in tmp_path.rglob("*"))
+    given = {"--model_dir": str(run), "--last": "3", "--output_dir": str(tmp_path / "out")}
+    given.update(zip(flags[::2], (flag.format(run=run, tmp=tmp_path) for flag in flags[1::2]), strict=True))
+    with pytest.raises(SystemExit) as exit_info:
+        average_checkpoints_main([item for pair in given.items() for item in pair])
+    assert str(exit_info.value.code).startswith("vanilla-average-checkpoints: error: ")
+    assert message.format(run=run, tmp=tmp_path) in str(exit_info.value.code)
+    assert "\n" not in str(exit_info.value.code)
+    assert sorted(str(path) for path in tmp_path.rglob("*")) == before  # nothing written, nothing deleted
+
+
+def test_the_command_runs_as_python_m(tmp_path):
+    run = tmp_path / "run"
+    train_with_checkpoints(run)
+    argv = ["checkpoints", "--model_dir", str(run), "--last", "2", "--output_dir", str(tmp_path / "averaged")]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", argv)
+        patch.delitem(sys.modules, "hf_vanilla_transformer.checkpoints", raising=False)  # as in a new Python
+        runpy.run_module("hf_vanilla_transformer.checkpoints", run_name="__main__")
+    assert json.loads((tmp_path / "averaged" / "config.json").read_text())["model_type"] == "vanilla_transformer"
