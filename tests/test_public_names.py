@@ -31,6 +31,8 @@ ALLOWED = {
     "_supports_flex_attn": "the attention backends a model declares (attention_interface)",
     "_can_record_outputs": "the outputs `output_attentions`/`output_hidden_states` collect (modular_transformers)",
     "_can_compile_fullgraph": "whether generate() may compile the forward whole (llm_optims: static cache)",
+    "_attn_implementation": "the attention backend a model dispatches on, `ALL_ATTENTION_FUNCTIONS.get_interface("
+    "config._attn_implementation, ...)` (attention_interface); there is no public getter",
     # a Pipeline subclass (https://huggingface.co/docs/transformers/add_new_pipeline)
     "_sanitize_parameters": "splits a call's arguments between preprocess, _forward and postprocess",
     "_forward": "the pipeline's model call",
@@ -43,16 +45,6 @@ ALLOWED = {
     "_info": "the metric's description and input features",
     "_compute": "the metric itself",
 }
-
-# TODO(lead): remove these once modeling_vanilla_transformer.py no longer touches them; its owner is changing that
-# file now. Each is a private transformers name it reads or overrides today: `config._attn_implementation` (the
-# attention dispatch), `_reorder_cache` (a hook generate() calls if a model has it), `_resize_token_embeddings` and
-# `_get_resized_embeddings` (resizing the decoder's embedding too). configuration_vanilla_transformer.py has none.
-PENDING = {
-    "modeling_vanilla_transformer.py": {
-        "_attn_implementation", "_reorder_cache", "_resize_token_embeddings", "_get_resized_embeddings",
-    },
-}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -266,18 +258,31 @@ def uses() -> list[Use]:
 
 
 def test_the_package_touches_no_private_name_of_theirs_but_the_documented_extension_points(uses):
-    pending = [use for use in uses if use.name in PENDING.get(use.file, ())]
-    found = [use for use in uses if use.name not in ALLOWED and use not in pending]
+    found = [use for use in uses if use.name not in ALLOWED]
     assert not found, "private names of transformers/accelerate/datasets/evaluate used:\n" + "\n".join(map(str, found))
 
 
-def test_the_lists_name_only_what_the_package_uses(uses):
-    """An extension point no longer used, or a pending name the model files no longer touch, leaves the lists."""
+def test_the_list_names_only_what_the_package_uses(uses):
+    """An extension point no longer used leaves the list."""
     used = {use.name for use in uses}
     assert not set(ALLOWED) - used, f"allowed but unused: {sorted(set(ALLOWED) - used)}"
-    for file, names in PENDING.items():
-        still = {use.name for use in uses if use.file == file}
-        assert names <= still, f"{file} no longer uses {sorted(names - still)}: remove it from PENDING"
+
+
+def test_the_package_touches_no_private_name_of_torch():
+    """torch's private modules and attributes (`torch._dynamo`, `tensor._version`): a dotted name through torch
+    with a private part, or an import of one."""
+    found = []
+    for path in SCANNED:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            dotted = base_name(node) if isinstance(node, ast.Attribute) else ""
+            modules = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+                modules = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            for name in [dotted, *modules]:
+                parts = name.split(".")
+                if parts[0] == "torch" and any(is_private(part) for part in parts):
+                    found.append(f"{path.name}:{node.lineno}: {name}")
+    assert not found, "private names of torch used:\n" + "\n".join(found)
 
 
 def test_the_scan_finds_each_kind_of_use(tmp_path):
