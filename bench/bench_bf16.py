@@ -28,8 +28,8 @@ import torch
 from bench.bench_ctranslate2 import in_own_process, multi30k_test_pairs
 from bench.common import hf_loss, interleaved_medians, machine, multi30k_batches, step_function, write_results
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.export_ctranslate2 import export
-from hf_vanilla_transformer.precision import cpu_has_bf16_units
+from hf_vanilla_transformer.hardware import cpu_has_bf16_units
+from hf_vanilla_transformer.tools.export_ctranslate2 import export
 
 
 def matmul_rate(dtype: torch.dtype, size: int = 2048, repetitions: int = 20) -> float:

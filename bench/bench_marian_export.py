@@ -14,10 +14,10 @@ import tempfile
 import torch
 
 from bench.common import MULTI30K, machine, write_results
-from hf_vanilla_transformer.data import read_translation_file
-from hf_vanilla_transformer.export_marian import export
-from hf_vanilla_transformer.metrics import load_translation_metric
-from hf_vanilla_transformer.translate import PipelineTranslator, translate_lines
+from hf_vanilla_transformer.tools.export_marian import export
+from hf_vanilla_transformer.tools.translate import PipelineTranslator, translate_lines
+from hf_vanilla_transformer.training.data import read_translation_file
+from hf_vanilla_transformer.training.metrics import load_translation_metric
 
 
 def main():

@@ -13,8 +13,8 @@ import os
 import time
 
 from bench.common import MULTI30K, interleaved_medians, machine, write_results
-from hf_vanilla_transformer.data import file_sentences
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
+from hf_vanilla_transformer.training.data import file_sentences
+from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
 
 
 def main():

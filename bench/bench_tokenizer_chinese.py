@@ -17,8 +17,8 @@ from collections import Counter
 from itertools import chain, product
 
 from bench.common import SHARED_DATA, machine, write_results
-from hf_vanilla_transformer.data import read_translation_file
-from hf_vanilla_transformer.tokenizer_training import NORMALIZERS, train_shared_bpe
+from hf_vanilla_transformer.training.data import read_translation_file
+from hf_vanilla_transformer.training.tokenizer import NORMALIZERS, train_shared_bpe
 
 TATOEBA = os.path.join(SHARED_DATA, "tatoeba-en-zh")
 CHINESE_CHARACTER = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")

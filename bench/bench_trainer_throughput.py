@@ -20,7 +20,9 @@ from transformers import DataCollatorForSeq2Seq
 
 from bench.common import machine, multi30k_encoded, multi30k_tokenizer, write_results
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.training import TokenBudgetBatchSampler, TranslationTrainer, TranslationTrainingArguments
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
+from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
+from hf_vanilla_transformer.training.trainer import TranslationTrainer
 
 
 class CountingCollator:

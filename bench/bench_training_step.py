@@ -38,8 +38,8 @@ from bench.common import (
     write_results,
 )
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
-from hf_vanilla_transformer.training import TranslationTrainingArguments
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
 
 
 class TorchTransformerTranslator(nn.Module):

@@ -14,11 +14,12 @@ from datetime import datetime, timezone
 import torch
 
 from hf_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla_transformer.data import file_sentences, read_translation_file
-from hf_vanilla_transformer.hub import cpu_name
-from hf_vanilla_transformer.modeling_vanilla_transformer import shift_tokens_right
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
-from hf_vanilla_transformer.training import TokenBudgetBatchSampler, TranslationTrainingArguments
+from hf_vanilla_transformer.hardware import cpu_name
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import shift_tokens_right
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
+from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
+from hf_vanilla_transformer.training.data import file_sentences, read_translation_file
+from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(os.path.dirname(REPO_ROOT), "shared", "data")

@@ -15,8 +15,8 @@ import os
 import unicodedata
 
 from bench.common import SHARED_DATA
-from hf_vanilla_transformer.data import read_translation_file
-from hf_vanilla_transformer.metrics import bleu_tokenization, load_translation_metric, sacrebleu_bleu
+from hf_vanilla_transformer.training.data import read_translation_file
+from hf_vanilla_transformer.training.metrics import bleu_tokenization, load_translation_metric, sacrebleu_bleu
 
 
 def nfkc(texts: list[str]) -> list[str]:

@@ -32,10 +32,10 @@ from transformers import (
 
 from bench.common import REPO_ROOT, SHARED_DATA, machine, marian_like, write_results
 from hf_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla_transformer.data import read_translation_file
 from hf_vanilla_transformer.files import write_text_atomically
-from hf_vanilla_transformer.metrics import load_translation_metric, score_generated
-from hf_vanilla_transformer.training import TimeLimitCallback
+from hf_vanilla_transformer.training.data import read_translation_file
+from hf_vanilla_transformer.training.metrics import load_translation_metric, score_generated
+from hf_vanilla_transformer.training.trainer import TimeLimitCallback
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"  # Marian's order: the decoder starts from <pad>
 

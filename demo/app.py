@@ -14,9 +14,9 @@ import uuid
 
 import gradio as gr
 
-from hf_vanilla_transformer.inspection import attention_maps, decoding_steps
 from hf_vanilla_transformer.loading import load_model_and_tokenizer
-from hf_vanilla_transformer.visualize import STEP_COLUMNS, cross_attention_figure, save_figure, steps_table
+from hf_vanilla_transformer.tools.inspection import attention_maps, decoding_steps
+from hf_vanilla_transformer.tools.visualize import STEP_COLUMNS, cross_attention_figure, save_figure, steps_table
 
 EXAMPLES = ["A man is sleeping.", "Two dogs are playing in the snow.", "A woman in a red dress is singing."]
 # the system's fonts: the default theme would fetch one from Google Fonts, and a demo must work offline

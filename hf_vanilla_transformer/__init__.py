@@ -6,14 +6,14 @@ Importing the package registers the model with transformers' auto classes, so `A
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .modeling_vanilla_transformer import (
+from hf_vanilla_transformer.model.configuration_vanilla_transformer import VanillaTransformerConfig
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
     paper_generation_config,
 )
-from .pipeline_translation import TranslationPipeline
+from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline
 
 AutoConfig.register(VanillaTransformerConfig.model_type, VanillaTransformerConfig, exist_ok=True)
 AutoModel.register(VanillaTransformerConfig, VanillaTransformerModel, exist_ok=True)

@@ -3,7 +3,7 @@ in one line, before any work."""
 
 import importlib
 
-from .loading import one_line
+from hf_vanilla_transformer.errors import one_line
 
 EXTRAS = {"ctranslate2": "fast", "matplotlib": "pictures"}
 

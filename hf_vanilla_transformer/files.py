@@ -1,11 +1,16 @@
-"""Writing output folders so that an interrupted or failed command never leaves one that looks complete."""
+"""Files: input read line by line, with errors that name the line; output written so that an interrupted or failed
+command never leaves a file or folder that looks complete."""
 
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+class InputError(ValueError):
+    """Input that cannot be used: a file, a line, a row of data; the message says where and why."""
 
 
 def check_output_dir(output_dir: str, overwrite_output_dir: bool, source: str | None = None) -> None:
@@ -63,3 +68,27 @@ def atomic_output_dir(output_dir: str, overwrite_output_dir: bool = False) -> It
         os.rename(staging, output_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a UTF-8 file, its line end kept; errors name the file and line."""
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    with open(path, "rb") as file:
+        yield from decoded_lines(file, path)
+
+
+def decoded_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[tuple[int, str]]:
+    """`raw_lines` (a binary file or stream) decoded as UTF-8 line by line, not by the text layer's chunks, so that
+    an error names the line it is on. Lines end at b"\\n" only: str.splitlines would also split at U+2028 or
+    U+0085 inside a sentence, and a translation would no longer be on its source's line."""
+    for line_number, raw in enumerate(raw_lines, 1):
+        try:
+            # a byte-order mark (Windows editors write one) is not part of the first line's text
+            text = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            if text:  # empty only for a file that holds a byte-order mark and nothing else
+                yield line_number, text
+        except UnicodeDecodeError as error:
+            raise InputError(
+                f"{name}:{line_number}: not UTF-8 text ({error.reason} at byte {error.start + 1} of the line)"
+            ) from None

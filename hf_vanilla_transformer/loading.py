@@ -11,8 +11,12 @@ import os
 
 from huggingface_hub.errors import StrictDataclassError
 
+from hf_vanilla_transformer.errors import first_line, one_line
+from hf_vanilla_transformer.hardware import check_torch_device, default_device
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+RUN_RECORD = "run_record.json"  # what the run that trained the model did (training/run.py), which its card shows
 
 
 class ModelFolderError(ValueError):
@@ -165,56 +169,3 @@ def read_json_object(file: str) -> dict:
     if not isinstance(value, dict):
         raise ModelFolderError(f"{file}: holds a JSON {type(value).__name__}, not an object")
     return value
-
-
-def one_line(error: BaseException) -> str:
-    """The error's whole message on one line (YAML's and huggingface_hub's messages run over several)."""
-    return " ".join(str(error).split())
-
-
-def default_device(device: str | None) -> str:
-    """`device`, or where none is given, cuda if available, else cpu."""
-    import torch
-
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def check_torch_device(device: str) -> None:
-    """Refuse a device torch does not find here (`check_device`)."""
-    import torch
-
-    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    count = torch.accelerator.device_count()
-    check_device(device, f"torch {torch.__version__}", accelerator and accelerator.type, count)
-
-
-def parse_device(device: str):
-    """`device` as a `torch.device`; a name torch does not read as one is a ValueError naming it."""
-    import torch
-
-    try:
-        return torch.device(device)
-    except (RuntimeError, ValueError):  # torch's RuntimeError lists its twenty device types
-        raise ValueError(f"device {device!r} is not a device name (cpu, cuda, cuda:1, mps, ...)") from None
-
-
-def check_device(device: str, engine: str, accelerator: str | None, count: int):
-    """`device` as a `torch.device`, refused where `engine` finds no such device: it finds `count` devices of type
-    `accelerator` (None: none). Unchecked, torch fails at the first tensor moved there (an AssertionError for cuda on
-    a CPU build) and CTranslate2 with a message that names no device."""
-    parsed = parse_device(device)
-    if parsed.type == "cpu":
-        return parsed
-    if parsed.type != accelerator or count < 1:
-        raise ValueError(f"device {device}: {engine} finds no {parsed.type} device here")
-    if parsed.index is not None and parsed.index >= count:
-        raise ValueError(
-            f"device {device}: {engine} finds {count} {parsed.type} device(s) here, "
-            f"{parsed.type}:0 to {parsed.type}:{count - 1}"
-        )
-    return parsed
-
-
-def first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__

@@ -1,5 +1,5 @@
-"""Shared fixtures and the two tiers. Everything runs offline: the Hub is never contacted. The helpers the fixtures
-use are in helpers.py.
+"""Shared fixtures and the two tiers. Everything runs offline: the Hub is never contacted. What the fixtures and
+tests share is in support/, by concern.
 
 `python -m pytest` runs the quick tier: tiny models and tokenizers made in the test, no `../shared` data, no
 browser, no training subprocess, no torch.compile. `python -m pytest --slow` adds the slow tier: tests marked
@@ -15,7 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from helpers import BOS, CHINESE_RUN, EOS, PAD, TINY_RUN, TrainedRun, intercepted_hub
+from support.hub import intercepted_hub
+from support.models import BOS, EOS, PAD
+from support.runs import CHINESE_RUN, TINY_RUN, TrainedRun
 
 # The tests' models are tiny: one thread runs them as fast as two, and with another job on the machine torch's two
 # threads wait on each other (a quick-tier test took 90 s instead of 10). Subprocesses keep torch's default.
@@ -88,7 +90,7 @@ def model_and_tokenizer(trained_run):
 @pytest.fixture(scope="session")
 def exported(trained_run, tmp_path_factory) -> dict[str, str]:
     """The trained run exported to CTranslate2 folders, float32 and int8 (hf_vanilla_transformer.export_ctranslate2)."""
-    from hf_vanilla_transformer.export_ctranslate2 import export
+    from hf_vanilla_transformer.tools.export_ctranslate2 import export
 
     folder = tmp_path_factory.mktemp("ctranslate2")
     return {kind: export(str(trained_run.output), str(folder / kind), kind) for kind in ("float32", "int8")}

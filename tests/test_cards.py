@@ -10,8 +10,11 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from helpers import TINY_MODEL_RUN, generate_text, letter_tokenizer, tiny_model, write_dataset
-from hf_vanilla_transformer.hub import render_model_card
+from hf_vanilla_transformer.loading import RUN_RECORD
+from hf_vanilla_transformer.tools.card import write_model_card
+from support.files import write_dataset
+from support.models import generate_text, letter_tokenizer, tiny_model
+from support.runs import TINY_MODEL_RUN
 
 EXAMPLE = "a b c"
 
@@ -20,8 +23,8 @@ EXAMPLE = "a b c"
 def folders(tmp_path_factory) -> dict:
     """A tiny model folder of ours with its card (decoding beam 3, length penalty 1.0: not the paper's), named as a
     run names it (`runs/NAME`, from the folder it started in, `root`), and its CTranslate2 and Marian exports."""
-    from hf_vanilla_transformer.export_ctranslate2 import export as export_ctranslate2
-    from hf_vanilla_transformer.export_marian import export as export_marian
+    from hf_vanilla_transformer.tools.export_ctranslate2 import export as export_ctranslate2
+    from hf_vanilla_transformer.tools.export_marian import export as export_marian
 
     root = tmp_path_factory.mktemp("cards")
     # one head count, as CTranslate2 needs; 24 positions, so that the untrained model's translations end soon
@@ -30,16 +33,29 @@ def folders(tmp_path_factory) -> dict:
     ours = root / "runs" / "tiny-en-de"
     model.save_pretrained(ours)
     letter_tokenizer().save_pretrained(ours)
-    results = {"test": {"bleu": 1.5, "chrf": 20.0, "samples": 3}}
-    card = render_model_card(model, model_id="runs/tiny-en-de", source_lang="en", target_lang="de", results=results,
-                             training={"steps": 1}, example_source=EXAMPLE)  # fmt: skip
-    card.save(ours / "README.md")
+    # what a run records (training/run.py), from which the card is written
+    record = {"model_id": "runs/tiny-en-de", "source_lang": "en", "target_lang": "de", "dataset_id": None,
+              "dataset_name": None, "training": {"steps": 1, "hardware": "a test"},
+              "scores": {"test": {"bleu": 1.5, "chrf": 20.0, "samples": 3}},
+              "example": {"source": EXAMPLE, "translation": "d e f"}}  # fmt: skip
+    (ours / RUN_RECORD).write_text(json.dumps(record))
+    write_model_card(str(ours))  # the model and tokenizer loaded from the folder
     return {
         "root": root,
         "ours": ours,
         "ctranslate2": Path(export_ctranslate2(str(ours), str(root / "ct2"))),
         "marian": Path(export_marian(str(ours), str(root / "marian"))),
     }
+
+
+def test_the_card_is_written_from_the_runs_record_and_the_folder(folders):
+    card = ModelCard.load(folders["ours"] / "README.md")
+    assert card.data.model_name == "runs/tiny-en-de" and card.data.language == ["en", "de"]
+    assert [(result.dataset_split, result.metric_type, result.metric_value) for result in card.data.eval_results] == [
+        ("test", "bleu", 1.5), ("test", "chrf", 20.0),
+    ]  # fmt: skip
+    assert "- hardware: a test" in card.text and '# [{"translation_text": "d e f"}]' in card.text
+    assert "![" in card.text and (folders["ours"] / "attention.png").is_file()  # the example's attention, drawn
 
 
 def how_to_use(card: ModelCard) -> str:
@@ -86,7 +102,7 @@ def run_code(code: str, capsys) -> str:
 
 
 def test_the_ctranslate2_cards_code_translates_as_vanilla_translate(folders, capsys):
-    from hf_vanilla_transformer.translate import CTranslate2Translator
+    from hf_vanilla_transformer.tools.translate import CTranslate2Translator
 
     (code,) = python_blocks(how_to_use(ModelCard.load(f"{folders['ctranslate2']}/README.md")))
     assert "hf_vanilla_transformer" not in code
@@ -126,7 +142,7 @@ def test_a_runs_card_loads_its_folder_from_where_the_run_started_and_a_push_name
     `runs/NAME`. The card's code, run from there with the Hub unreachable (conftest.py), loads that folder, where
     the folder's bare name would be taken for a Hub id; pushed, the card names the repository."""
     import run_translation
-    from hf_vanilla_transformer.hub import card_for
+    from hf_vanilla_transformer.tools.hub import card_for
 
     monkeypatch.chdir(tmp_path)
     rows = [{"en": f"The {en} is {state}.", "de": f"Die {de} ist {zustand}."}

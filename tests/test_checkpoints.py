@@ -18,16 +18,17 @@ from transformers import (
     TrainerCallback,
 )
 
-from helpers import letter_tokenizer, reversal_dataset, tiny_model
-from hf_vanilla_transformer.checkpoints import (
+from hf_vanilla_transformer.cli.average_checkpoints import main as average_checkpoints_main
+from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
+from hf_vanilla_transformer.training.checkpoints import (
     average_checkpoints,
     checkpoint_folders,
     latest_checkpoint,
     load_averaged_checkpoints,
 )
-from hf_vanilla_transformer.commands import average_checkpoints_main
-from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
-from hf_vanilla_transformer.training import TranslationTrainer, TranslationTrainingArguments
+from hf_vanilla_transformer.training.trainer import TranslationTrainer
+from support.models import letter_tokenizer, reversal_dataset, tiny_model
 
 
 def test_checkpoint_averaging_is_the_mean_of_known_weights(tmp_path, caplog):
@@ -167,6 +168,6 @@ def test_the_command_runs_as_python_m(tmp_path):
     argv = ["checkpoints", "--model_dir", str(run), "--last", "2", "--output_dir", str(tmp_path / "averaged")]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(sys, "argv", argv)
-        patch.delitem(sys.modules, "hf_vanilla_transformer.checkpoints", raising=False)  # as in a new Python
-        runpy.run_module("hf_vanilla_transformer.checkpoints", run_name="__main__")
+        patch.delitem(sys.modules, "hf_vanilla_transformer.cli.average_checkpoints", raising=False)  # a new Python
+        runpy.run_module("hf_vanilla_transformer.cli.average_checkpoints", run_name="__main__")
     assert json.loads((tmp_path / "averaged" / "config.json").read_text())["model_type"] == "vanilla_transformer"

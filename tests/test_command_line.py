@@ -14,14 +14,12 @@ import sys
 import pytest
 import torch
 
-from helpers import NotInstalled, not_installed_env
-from hf_vanilla_transformer.commands import (
-    attention_main,
-    export_ctranslate2_main,
-    export_marian_main,
-    push_to_hub_main,
-    translate_main,
-)
+from hf_vanilla_transformer.cli.attention import main as attention_main
+from hf_vanilla_transformer.cli.export_ctranslate2 import main as export_ctranslate2_main
+from hf_vanilla_transformer.cli.export_marian import main as export_marian_main
+from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
+from hf_vanilla_transformer.cli.translate import main as translate_main
+from support.processes import NotInstalled, not_installed_env
 
 COMMANDS = {
     "vanilla-translate": translate_main,
@@ -150,7 +148,7 @@ def test_a_device_this_machine_lacks_is_one_line_before_the_model_is_read(work, 
 def test_an_option_for_the_other_kind_of_folder_or_that_the_device_lacks_is_one_line(work, tmp_path, capsys):
     import ctranslate2
 
-    from hf_vanilla_transformer.translate import COMPUTE_TYPES
+    from hf_vanilla_transformer.tools.translate import COMPUTE_TYPES
 
     supported = ctranslate2.get_supported_compute_types("cpu")
     unsupported = next(name for name in COMPUTE_TYPES if name not in ("default", "auto", *supported))

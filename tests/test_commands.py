@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from hf_vanilla_transformer.commands import FlagParser, expand_recipe, parse_config_overrides, recipe_flags
+from hf_vanilla_transformer.cli.flags import FlagParser, expand_recipe, recipe_flags
+from hf_vanilla_transformer.training.arguments import parse_config_overrides
 
 
 @dataclass

@@ -11,7 +11,7 @@ from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import AutoConfig
 
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.configuration_vanilla_transformer import REQUIRED_VERSIONS, release
+from hf_vanilla_transformer.model.configuration_vanilla_transformer import REQUIRED_VERSIONS, release
 
 
 def test_defaults_are_the_papers_base_model():

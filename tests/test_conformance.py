@@ -15,13 +15,13 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, CompileConfig, EncoderDecoderCache
 
-from helpers import BOS, EOS, PAD, cache_of, tiny_config, tiny_model
 from hf_vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from hf_vanilla_transformer.modeling_vanilla_transformer import CACHE_NAME
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import CACHE_NAME
+from support.models import BOS, EOS, PAD, cache_of, tiny_config, tiny_model
 
 SOURCES = torch.tensor([[5, 6, 7, 8, 9, EOS], [10, 11, EOS, PAD, PAD, PAD]])
 MASK = (SOURCES != PAD).long()

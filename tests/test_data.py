@@ -9,24 +9,16 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from helpers import (
-    FUZZ_SETTINGS,
-    HOSTILE_LINES,
-    HUB_LAYOUTS,
-    RAW_LINES,
-    read_fuzzed_file,
-    write_bytes_lines,
-    write_dataset,
-    write_lines,
-)
-from hf_vanilla_transformer.data import (
-    TranslationDataError,
+from hf_vanilla_transformer.files import InputError
+from hf_vanilla_transformer.training.data import (
     file_sentences,
     load_translation_split,
     read_dataset,
     read_text_file,
     read_translation_file,
 )
+from support.files import HUB_LAYOUTS, write_bytes_lines, write_dataset, write_lines
+from support.hostile import FUZZ_SETTINGS, HOSTILE_LINES, RAW_LINES, read_fuzzed_file
 
 
 def row(en, de) -> str:
@@ -60,24 +52,24 @@ def test_read_translation_file_yields_the_pairs_and_skips_blank_lines(tmp_path):
 )
 def test_read_translation_file_names_the_file_and_line_of_a_bad_row(tmp_path, lines, message):
     path = write_lines(tmp_path / "bad.jsonl", lines)
-    with pytest.raises(TranslationDataError, match=re.escape(path) + message):
+    with pytest.raises(InputError, match=re.escape(path) + message):
         list(read_translation_file(path, "en", "de"))
 
 
 def test_a_file_that_is_not_utf8_or_not_there(tmp_path):
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(row("A little man.", "Ein Männchen.").encode("latin-1") + b"\n")
-    with pytest.raises(TranslationDataError) as error:
+    with pytest.raises(InputError) as error:
         list(read_translation_file(str(path), "en", "de"))
     column = row("A little man.", "Ein M").encode().index(b"M") + 2  # the byte after "M", counted from 1
     assert str(error.value) == f"{path}:1: not UTF-8 text (invalid continuation byte at byte {column} of the line)"
     later = tmp_path / "later.jsonl"  # the line is counted exactly, also past the reader's first chunk
     good = row("A cat.", "Eine Katze.").encode() + b"\n"
     later.write_bytes(good * 3000 + row("A little man.", "Ein Männchen.").encode("latin-1") + b"\n")
-    with pytest.raises(TranslationDataError) as error:
+    with pytest.raises(InputError) as error:
         list(read_translation_file(str(later), "en", "de"))
     assert str(error.value) == f"{later}:3001: not UTF-8 text (invalid continuation byte at byte {column} of the line)"
-    with pytest.raises(TranslationDataError, match=r"missing.jsonl: no such file$"):
+    with pytest.raises(InputError, match=r"missing.jsonl: no such file$"):
         list(read_translation_file(str(tmp_path / "missing.jsonl"), "en", "de"))
 
 
@@ -95,7 +87,7 @@ def test_a_file_that_is_not_utf8_or_not_there(tmp_path):
 )  # fmt: skip
 def test_hostile_rows_are_errors_naming_file_and_line(tmp_path, line, message):
     path = write_bytes_lines(tmp_path, "hostile.jsonl", [line])
-    with pytest.raises(TranslationDataError, match=re.escape(path) + message):
+    with pytest.raises(InputError, match=re.escape(path) + message):
         list(read_translation_file(path, "en", "de"))
 
 
@@ -138,9 +130,9 @@ def test_read_text_file_yields_the_non_blank_lines(tmp_path):
     path = tmp_path / "sentences.txt"
     path.write_text("A cat.\r\n\n  \nTwo dogs play.\n  spaces kept  \nno newline at the end", encoding="utf-8")
     assert list(read_text_file(str(path))) == ["A cat.", "Two dogs play.", "  spaces kept  ", "no newline at the end"]
-    with pytest.raises(TranslationDataError, match=r"empty.txt: no sentences \(the file is empty\)"):
+    with pytest.raises(InputError, match=r"empty.txt: no sentences \(the file is empty\)"):
         list(read_text_file(write_lines(tmp_path / "empty.txt", ["", " "])))
-    with pytest.raises(TranslationDataError, match=r"missing.txt: no such file"):
+    with pytest.raises(InputError, match=r"missing.txt: no such file"):
         list(read_text_file(str(tmp_path / "missing.txt")))
 
 
@@ -205,30 +197,30 @@ def test_read_dataset_takes_either_hub_layout_in_any_local_form(tmp_path, layout
 )
 def test_a_dataset_row_of_neither_layout_names_dataset_split_row_and_language(tmp_path, form, rows, message):
     folder = write_dataset(tmp_path / "dataset", {"train": rows}, form)
-    with pytest.raises(TranslationDataError) as error:
+    with pytest.raises(InputError) as error:
         list(read_dataset(folder, None, "train", "en", "de"))
     assert str(error.value) == f"{folder}[train] {message}"
 
 
 def test_a_dataset_that_cannot_be_loaded_names_dataset_name(tmp_path):
     missing = str(tmp_path / "no_dataset")
-    with pytest.raises(TranslationDataError) as error:
+    with pytest.raises(InputError) as error:
         list(read_dataset(missing, None, "train", "en", "de"))
     assert isinstance(error.value, ValueError)
     assert str(error.value).startswith(f"dataset_name {missing}[train]: cannot load it (")
     folder = write_dataset(tmp_path / "dataset", {"train": [HUB_LAYOUTS["translation column"](*PAIRS[0])]})
-    with pytest.raises(TranslationDataError) as error:
+    with pytest.raises(InputError) as error:
         list(read_dataset(folder, None, "test", "en", "de"))
     assert str(error.value) == (
         f"dataset_name {folder}[test]: cannot load it (Unknown split \"test\". Should be one of ['train'].)"
     )
-    with pytest.raises(TranslationDataError) as error:
+    with pytest.raises(InputError) as error:
         list(read_dataset(folder, "de-en", "train", "en", "de"))
     assert str(error.value).startswith(f"dataset_name {folder} (config de-en)[train]: cannot load it (")
     assert "'de-en' not found" in str(error.value)
     (tmp_path / "scripted").mkdir()  # as Helsinki-NLP/tatoeba_mt is: a loading script
     (tmp_path / "scripted" / "scripted.py").write_text("import datasets\n")
-    with pytest.raises(TranslationDataError) as error:
+    with pytest.raises(InputError) as error:
         list(read_dataset(str(tmp_path / "scripted"), None, "test", "en", "de"))
     assert str(error.value) == (
         f"dataset_name {tmp_path / 'scripted'}[test]: cannot load it "

@@ -11,9 +11,11 @@ import pytest
 import yaml
 from matplotlib.image import imread
 
-from helpers import DEMO_APP, MULTI30K, REPO_ROOT, SENTENCES, free_port, generate_text, headless_chromium, served_demo
-from hf_vanilla_transformer.data import read_translation_file
-from hf_vanilla_transformer.visualize import STEP_COLUMNS, WINNER
+from hf_vanilla_transformer.tools.visualize import STEP_COLUMNS, WINNER
+from hf_vanilla_transformer.training.data import read_translation_file
+from support.browser import free_port, headless_chromium, served_demo
+from support.models import SENTENCES, generate_text
+from support.paths import DEMO_APP, MULTI30K, REPO_ROOT
 
 pytestmark = pytest.mark.slow  # a Gradio server on a trained run, Chromium
 

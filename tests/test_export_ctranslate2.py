@@ -8,11 +8,12 @@ import sacrebleu
 import torch
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
-from helpers import MULTI30K, SENTENCES, letter_tokenizer, tiny_model
-from hf_vanilla_transformer.data import read_translation_file
-from hf_vanilla_transformer.export_ctranslate2 import export, is_ctranslate2_folder
 from hf_vanilla_transformer.loading import ModelFolderError
-from hf_vanilla_transformer.translate import CTranslate2Translator, translate_lines
+from hf_vanilla_transformer.tools.export_ctranslate2 import export, is_ctranslate2_folder
+from hf_vanilla_transformer.tools.translate import CTranslate2Translator, translate_lines
+from hf_vanilla_transformer.training.data import read_translation_file
+from support.models import SENTENCES, letter_tokenizer, tiny_model
+from support.paths import MULTI30K
 
 
 def multi30k_test_pairs() -> list[tuple[str, str]]:
@@ -113,7 +114,7 @@ def test_a_variant_ctranslate2_cannot_run_and_a_foreign_folder_are_refused(tmp_p
 
 
 def test_the_command_exports_a_folder_and_reports_bad_input_in_one_line(tmp_path, capsys):
-    from hf_vanilla_transformer.commands import export_ctranslate2_main
+    from hf_vanilla_transformer.cli.export_ctranslate2 import main as export_ctranslate2_main
 
     model = tiny_model(decoder_attention_heads=4, vocab_size=14)  # one head count, as CTranslate2 needs
     model.save_pretrained(tmp_path / "model")

@@ -7,12 +7,13 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, MarianMTModel
 
-from helpers import letter_tokenizer, run_python, tiny_model
-from hf_vanilla_transformer.export_marian import export, marian_feature_order, marian_model
-from hf_vanilla_transformer.modeling_vanilla_transformer import (
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     VanillaTransformerSinusoidalPositionalEncoding,
     paper_generation_config,
 )
+from hf_vanilla_transformer.tools.export_marian import export, marian_feature_order, marian_model
+from support.models import letter_tokenizer, tiny_model
+from support.processes import run_python
 
 # decoding without the per-sentence limit, which Marian does not have, so that an untrained model's endless
 # translations stop at the same place in both
@@ -129,7 +130,7 @@ def test_the_command_and_python_m_export_and_report_bad_input_in_one_line(export
     import runpy
     import sys
 
-    from hf_vanilla_transformer.commands import export_marian_main
+    from hf_vanilla_transformer.cli.export_marian import main as export_marian_main
 
     ours_folder, _ = exported_pair
     export_marian_main(["--model", str(ours_folder), "--output_dir", str(tmp_path / "marian")])
@@ -144,8 +145,8 @@ def test_the_command_and_python_m_export_and_report_bad_input_in_one_line(export
     sys_argv = ["export_marian", "--model", str(ours_folder), "--output_dir", str(tmp_path / "marian")]
     with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_info:
         patch.setattr(sys, "argv", sys_argv)
-        patch.delitem(sys.modules, "hf_vanilla_transformer.export_marian", raising=False)  # as in a new Python
-        runpy.run_module("hf_vanilla_transformer.export_marian", run_name="__main__")  # python -m
+        patch.delitem(sys.modules, "hf_vanilla_transformer.cli.export_marian", raising=False)  # as in a new Python
+        runpy.run_module("hf_vanilla_transformer.cli.export_marian", run_name="__main__")  # python -m
     assert str(exit_info.value.code) == (
         f"vanilla-export-marian: error: output_dir {tmp_path / 'marian'} exists and is not empty; add "
         "overwrite_output_dir to replace it"
@@ -156,8 +157,9 @@ def test_the_command_and_python_m_export_and_report_bad_input_in_one_line(export
 def test_the_trained_models_export_translates_as_it_does(trained_run, model_and_tokenizer, tmp_path, num_beams):
     """200 Multi30k test sentences in batches of 20, greedy and beam 4, both at most 60 new tokens (the barely
     trained fixture repeats itself in some, and Marian lacks our per-sentence limit): every translation the same."""
-    from helpers import TEST, generate_text
-    from hf_vanilla_transformer.data import read_translation_file
+    from hf_vanilla_transformer.training.data import read_translation_file
+    from support.models import generate_text
+    from support.paths import TEST
 
     model, tokenizer = model_and_tokenizer
     marian = MarianMTModel.from_pretrained(export(str(trained_run.output), str(tmp_path / "marian")))

@@ -13,10 +13,10 @@ from transformers import (
     Seq2SeqTrainingArguments,
 )
 
-from helpers import BOS, EOS, PAD, cache_of, letter_tokenizer, random_token_dataset, tiny_model
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.modeling_vanilla_transformer import CACHE_NAME, paper_generation_config
-from hf_vanilla_transformer.training import TranslationTrainer
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import CACHE_NAME, paper_generation_config
+from hf_vanilla_transformer.training.trainer import TranslationTrainer
+from support.models import BOS, EOS, PAD, cache_of, letter_tokenizer, random_token_dataset, tiny_model
 
 SOURCES = torch.tensor([[5, 6, 7, 8, 9, 10, EOS], [11, 12, 13, EOS, PAD, PAD, PAD]])
 MASK = (SOURCES != PAD).long()

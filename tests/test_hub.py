@@ -8,18 +8,12 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-from helpers import (
-    SENTENCES,
-    generate_text,
-    hub_snapshot,
-    intercepted_hub,
-    letter_tokenizer,
-    run_python,
-    tiny_model,
-    write_lines,
-)
-from hf_vanilla_transformer.hub import training_table
-from hf_vanilla_transformer.training import TranslationTrainingArguments, paper_learning_rate
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
+from hf_vanilla_transformer.training.run import training_table
+from support.files import write_lines
+from support.hub import hub_snapshot, intercepted_hub
+from support.models import SENTENCES, generate_text, letter_tokenizer, tiny_model
+from support.processes import run_python
 
 TOKENIZER_LOADS = {
     # no code of ours: the folder's tokenizer is a plain `tokenizers` one
@@ -200,9 +194,9 @@ def test_push_to_hub_without_a_login_or_a_hub_stops_before_training(tmp_path, no
 def finished_folders(tmp_path_factory) -> dict[str, Path]:
     """A tiny model folder of ours with checkpoints, trainer state and a card, and its Marian and CTranslate2
     exports."""
-    from hf_vanilla_transformer.export_ctranslate2 import export as export_ctranslate2
-    from hf_vanilla_transformer.export_marian import export as export_marian
-    from hf_vanilla_transformer.hub import render_model_card
+    from hf_vanilla_transformer.tools.card import render_model_card
+    from hf_vanilla_transformer.tools.export_ctranslate2 import export as export_ctranslate2
+    from hf_vanilla_transformer.tools.export_marian import export as export_marian
 
     root = tmp_path_factory.mktemp("finished")
     model = tiny_model(vocab_size=14, decoder_attention_heads=4, max_position_embeddings=24)
@@ -224,7 +218,7 @@ def finished_folders(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("kind", ["ours", "marian", "ctranslate2"])
 def test_vanilla_push_to_hub_uploads_a_finished_folder_in_one_commit(finished_folders, kind, capsys):
-    from hf_vanilla_transformer.commands import push_to_hub_main
+    from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
 
     folder = finished_folders[kind]
     commits = []
@@ -244,7 +238,7 @@ def test_vanilla_push_to_hub_uploads_a_finished_folder_in_one_commit(finished_fo
 
 
 def test_vanilla_push_to_hub_without_a_login_or_a_folder_is_one_line(finished_folders, tmp_path, no_login):
-    from hf_vanilla_transformer.commands import push_to_hub_main
+    from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
 
     cases = [
         (finished_folders["marian"], "cannot push to the Hugging Face Hub (Token is required"),

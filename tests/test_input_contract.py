@@ -2,14 +2,18 @@
 with it served, in test_demo_app.py): whitespace around a sentence is not translated, an empty sentence gets an
 empty translation, a folder or a Hub id names the model, and the decoding flags reach generate()."""
 
+import signal
+
 import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from helpers import tiny_model, write_lines
-from hf_vanilla_transformer.commands import attention_main, translate_main
-from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
+from hf_vanilla_transformer.cli.attention import main as attention_main
+from hf_vanilla_transformer.cli.translate import main as translate_main
+from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline
+from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
+from support.files import write_lines
+from support.models import tiny_model
 
 SENTENCE = "A man is sleeping."
 PADDED = f"   {SENTENCE}  "
@@ -47,8 +51,11 @@ def generated(folder, sentence: str, **decoding) -> str:
 
 def vanilla_translate(folder, lines: list[str], tmp_path, *flags) -> list[str]:
     output = tmp_path / "out.txt"
+    handlers = {stop: signal.getsignal(stop) for stop in (signal.SIGINT, signal.SIGTERM)}
     translate_main(["--model", str(folder), "--input", write_lines(tmp_path / "in.txt", lines),
                     "--output", str(output), "--dtype", "float32", *flags])  # fmt: skip
+    # the command's Ctrl-C handling is its own: the caller's handlers are back
+    assert {stop: signal.getsignal(stop) for stop in handlers} == handlers
     return output.read_text(encoding="utf-8").splitlines()
 
 
@@ -82,7 +89,7 @@ def test_whitespace_around_a_sentence_and_empty_sentences_alike_everywhere(folde
 
 def test_a_hub_id_is_read_from_the_cache_like_a_folder(folder, tmp_path, monkeypatch, capsys):
     """The cache as huggingface_hub lays out a download (offline: the tests never reach the Hub)."""
-    from helpers import hub_snapshot
+    from support.hub import hub_snapshot
 
     files = {path.name: path.read_bytes() for path in folder.iterdir()}
     hub_snapshot(tmp_path / "home", "someone/tiny", files)

@@ -5,14 +5,14 @@ import warnings
 import pytest
 import torch
 
-from helpers import SENTENCES, beam_search_example, generate_text
-from hf_vanilla_transformer.inspection import (
+from hf_vanilla_transformer.tools.inspection import (
     ATTENTION_KINDS,
     attention_maps,
     decoding_steps,
     teacher_forced_steps,
     token_labels,
 )
+from support.models import SENTENCES, beam_search_example, generate_text
 
 TARGET = "Ein Mann schläft."
 

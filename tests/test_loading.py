@@ -14,8 +14,9 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from helpers import FUZZ_SETTINGS, JSON_VALUES, assert_one_line_error, letter_tokenizer, tiny_model
 from hf_vanilla_transformer.loading import ModelFolderError, load_model, load_model_and_tokenizer, load_tokenizer
+from support.hostile import FUZZ_SETTINGS, JSON_VALUES, assert_one_line_error
+from support.models import letter_tokenizer, tiny_model
 
 FOLDER_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
 

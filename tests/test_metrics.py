@@ -8,14 +8,14 @@ import pytest
 import sacrebleu
 from transformers import EvalPrediction
 
-from helpers import letter_tokenizer
-from hf_vanilla_transformer.metrics import (
+from hf_vanilla_transformer.training.metrics import (
     bleu_and_chrf_against,
     bleu_tokenization,
     decode_generated,
     load_translation_metric,
     score_generated,
 )
+from support.models import letter_tokenizer
 
 REFERENCES = ["Ein Mann schläft auf der Bank.", "Zwei Hunde spielen im Schnee."]
 HYPOTHESES = ["Ein Mann schläft auf einer Bank.", "Zwei Hunde spielen draußen im Schnee."]

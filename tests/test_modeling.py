@@ -15,18 +15,18 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from helpers import BOS, EOS, PAD, cache_of, enable_checkpointing, tiny_config, tiny_model
 from hf_vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-from hf_vanilla_transformer.modeling_vanilla_transformer import (
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
     VanillaTransformerLayer,
     VanillaTransformerSinusoidalPositionalEncoding,
     shift_tokens_right,
 )
+from support.models import BOS, EOS, PAD, cache_of, enable_checkpointing, tiny_config, tiny_model
 
 
 def paper_positional_encoding(num_positions: int, d_model: int) -> torch.Tensor:

@@ -4,8 +4,10 @@ import json
 
 from transformers import pipeline
 
-from helpers import SENTENCES, generate_text, hub_snapshot, run_python
 from hf_vanilla_transformer import TranslationPipeline
+from support.hub import hub_snapshot
+from support.models import SENTENCES, generate_text
+from support.processes import run_python
 
 
 def test_pipeline_with_the_package_gives_the_old_output_format(trained_run, model_and_tokenizer):

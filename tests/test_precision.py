@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-from helpers import generate_text, letter_tokenizer, tiny_model
-from hf_vanilla_transformer.precision import cpu_has_bf16_units, translation_dtype
-from hf_vanilla_transformer.translate import load_translator, translate_lines
+from hf_vanilla_transformer.hardware import cpu_has_bf16_units
+from hf_vanilla_transformer.tools.translate import load_translator, translate_lines, translation_dtype
+from support.models import generate_text, letter_tokenizer, tiny_model
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads Linux's /proc/cpuinfo")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO_ROOT
+from support.paths import REPO_ROOT
 
 THEIRS = ("transformers", "accelerate", "datasets", "evaluate")
-SCANNED = [*sorted((REPO_ROOT / "hf_vanilla_transformer").glob("*.py")), REPO_ROOT / "run_translation.py",
+SCANNED = [*sorted((REPO_ROOT / "hf_vanilla_transformer").rglob("*.py")), REPO_ROOT / "run_translation.py",
            REPO_ROOT / "train_bpe.py"]  # fmt: skip
 
 # The extension points transformers and evaluate document for authors: the names a model, a custom pipeline or a
@@ -228,19 +228,25 @@ def ours(trees: dict[str, ast.Module], modules: dict, derived: set[str], their_n
     return {name for name in names if is_private(name)}
 
 
+def label(path: Path) -> str:
+    """A scanned file's name in messages: its path in the repository."""
+    return str(path.relative_to(REPO_ROOT)) if REPO_ROOT in path.parents else path.name
+
+
 def importable(path: Path):
     """The module a scanned file is, imported (None for a file that is not the package's or a top-level script)."""
     import importlib
 
-    if path.parent == REPO_ROOT / "hf_vanilla_transformer":
-        return importlib.import_module(f"hf_vanilla_transformer.{path.stem}")
+    package = REPO_ROOT / "hf_vanilla_transformer"
+    if package in path.parents:
+        return importlib.import_module(".".join(path.relative_to(REPO_ROOT).with_suffix("").parts))
     return importlib.import_module(path.stem) if path.parent == REPO_ROOT else None
 
 
 def private_uses(paths: list[Path]) -> list[Use]:
     """Every use of a private name of theirs in `paths`, allowed or not."""
-    trees = {path.name: ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) for path in paths}
-    modules = {path.name: importable(path) for path in paths}
+    trees = {label(path): ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) for path in paths}
+    modules = {label(path): importable(path) for path in paths}
     their_names = their_private_names()
     derived = derived_classes(trees)
     own = ours(trees, modules, derived, their_names)
@@ -281,7 +287,7 @@ def test_the_package_touches_no_private_name_of_torch():
             for name in [dotted, *modules]:
                 parts = name.split(".")
                 if parts[0] == "torch" and any(is_private(part) for part in parts):
-                    found.append(f"{path.name}:{node.lineno}: {name}")
+                    found.append(f"{label(path)}:{node.lineno}: {name}")
     assert not found, "private names of torch used:\n" + "\n".join(found)
 
 

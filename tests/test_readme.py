@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO_ROOT, free_port, served_demo
+from support.browser import free_port, served_demo
+from support.paths import REPO_ROOT
 
 
 def python_block(heading: str) -> str:

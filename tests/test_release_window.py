@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
-from helpers import REPO_ROOT, tiny_model
-from hf_vanilla_transformer.configuration_vanilla_transformer import REQUIRED_VERSIONS
+from hf_vanilla_transformer.model.configuration_vanilla_transformer import REQUIRED_VERSIONS
+from support.models import tiny_model
+from support.paths import REPO_ROOT
 
 BELOW_THE_FLOOR = "5.15.1"  # the release before the floor (a venv over the installed packages)
 

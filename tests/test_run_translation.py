@@ -21,33 +21,21 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
-import run_translation
-from helpers import (
-    CHINESE_CHARACTER,
-    CHINESE_RUN,
-    FUZZ_SETTINGS,
-    HOSTILE_LINES,
-    JSON_VALUES,
-    REPO_ROOT,
-    TATOEBA_EN_ZH,
-    TEST,
-    TINY_MODEL_RUN,
-    TRAIN,
-    VALIDATION,
-    assert_one_line_error,
-    audited_writes,
-    write_audit_env,
-    write_bytes_lines,
-    write_dataset,
-    write_lines,
-)
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.checkpoints import checkpoint_to_resume
-from hf_vanilla_transformer.commands import recipe_flags
-from hf_vanilla_transformer.data import file_sentences
-from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
-from hf_vanilla_transformer.tokenizer_training import train_shared_bpe
-from hf_vanilla_transformer.training import TranslationTrainingArguments
+from hf_vanilla_transformer.cli import run_translation
+from hf_vanilla_transformer.cli.flags import recipe_flags
+from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
+from hf_vanilla_transformer.training.checkpoints import checkpoint_to_resume
+from hf_vanilla_transformer.training.data import file_sentences
+from hf_vanilla_transformer.training.metrics import load_translation_metric
+from hf_vanilla_transformer.training.run import tokenize
+from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
+from support.files import write_bytes_lines, write_dataset, write_lines
+from support.hostile import FUZZ_SETTINGS, HOSTILE_LINES, JSON_VALUES, assert_one_line_error
+from support.paths import REPO_ROOT, TATOEBA_EN_ZH, TEST, TRAIN, VALIDATION
+from support.processes import audited_writes, write_audit_env
+from support.runs import CHINESE_CHARACTER, CHINESE_RUN, TINY_MODEL_RUN
 
 OUTPUT_FILES = {
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -78,7 +66,7 @@ def test_bleu_comes_from_the_local_sacrebleu_metric(trained_run):
     lines = (output / "generated_predictions.txt").read_text().split("\n")[:-1]
     assert len(lines) == 50 and sum(bool(line.strip()) for line in lines) >= 45
     references = [json.loads(row)["translation"]["de"] for row in Path(TEST).read_text().splitlines()[:50]]
-    metric = run_translation.load_translation_metric()
+    metric = load_translation_metric()
     rescored = metric.compute(predictions=lines, references=[[r] for r in references])
     assert rescored["bleu"] == pytest.approx(predict["predict_bleu"])
 
@@ -213,7 +201,7 @@ def test_bleu_tokenize_overrides_the_target_languages_choice(tmp_path):
 def test_tokenization_truncates_to_the_given_lengths():
     dataset = Dataset.from_dict({"source": ["a b c d e f g h i j " * 20], "target": ["x y " * 30]})
     tokenizer = train_shared_bpe(["a b c d e f g h i j", "x y z"] * 50, vocab_size=300)
-    tokenized = run_translation.tokenize(dataset, tokenizer, max_source_length=8, max_target_length=5)
+    tokenized = tokenize(dataset, tokenizer, max_source_length=8, max_target_length=5)
     assert len(tokenized[0]["input_ids"]) == 8 and tokenized[0]["input_ids"][-1] == tokenizer.eos_token_id
     assert len(tokenized[0]["labels"]) == 5 and tokenized[0]["labels"][-1] == tokenizer.eos_token_id
 

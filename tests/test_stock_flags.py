@@ -10,8 +10,9 @@ import torch
 from transformers import GenerationConfig, pipeline
 
 import run_translation
-from helpers import TEST, TRAIN, VALIDATION, assert_one_line_error
-from hf_vanilla_transformer.pipeline_translation import TranslationPipeline
+from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline
+from support.hostile import assert_one_line_error
+from support.paths import TEST, TRAIN, VALIDATION
 
 pytestmark = pytest.mark.slow  # runs run_translation.py on Multi30k slices
 

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
-from helpers import round_trip, tiny_model
 from hf_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla_transformer.tokenizer_training import MIN_VOCAB_SIZE, SPECIAL_TOKENS, train_shared_bpe
+from hf_vanilla_transformer.training.tokenizer import MIN_VOCAB_SIZE, SPECIAL_TOKENS, train_shared_bpe
+from support.models import round_trip, tiny_model
 
 CAPTION_WORDS = (
     "a the man woman dog girl boy street snow water two young white men are outside near many bushes plays "

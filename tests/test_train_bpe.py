@@ -9,17 +9,10 @@ import pytest
 from transformers import AutoTokenizer
 
 import train_bpe
-from helpers import (
-    HOSTILE_LINES,
-    HUB_LAYOUTS,
-    REPO_ROOT,
-    TRAIN,
-    assert_one_line_error,
-    round_trip,
-    write_bytes_lines,
-    write_dataset,
-    write_lines,
-)
+from support.files import HUB_LAYOUTS, write_bytes_lines, write_dataset, write_lines
+from support.hostile import HOSTILE_LINES, assert_one_line_error
+from support.models import round_trip
+from support.paths import REPO_ROOT, TRAIN
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -22,17 +22,24 @@ from transformers import (
     get_scheduler,
 )
 
-from helpers import BOS, LETTERS, letter_tokenizer, random_token_dataset, reversal_dataset, tiny_config, tiny_model
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
-from hf_vanilla_transformer.checkpoints import average_checkpoints
-from hf_vanilla_transformer.training import (
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
+from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
+from hf_vanilla_transformer.training.checkpoints import average_checkpoints
+from hf_vanilla_transformer.training.trainer import (
     BatchSamplerEpoch,
     TimeLimitCallback,
-    TokenBudgetBatchSampler,
     TranslationTrainer,
-    TranslationTrainingArguments,
-    paper_learning_rate,
     training_is_over,
+)
+from support.models import (
+    BOS,
+    LETTERS,
+    letter_tokenizer,
+    random_token_dataset,
+    reversal_dataset,
+    tiny_config,
+    tiny_model,
 )
 
 

@@ -11,19 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import (
-    CHINESE_CHARACTER,
-    FUZZ_SETTINGS,
-    RAW_LINES,
-    SENTENCES,
-    TRAIN,
-    generate_text,
-    read_fuzzed_file,
-    run_with_peak_rss,
-    write_lines,
-)
-from hf_vanilla_transformer.data import read_translation_file
-from hf_vanilla_transformer.translate import load_translator, read_lines, translate_lines
+from hf_vanilla_transformer.tools.translate import load_translator, read_lines, translate_lines
+from hf_vanilla_transformer.training.data import read_translation_file
+from support.files import write_lines
+from support.hostile import FUZZ_SETTINGS, RAW_LINES, read_fuzzed_file
+from support.models import SENTENCES, generate_text
+from support.paths import TRAIN
+from support.processes import run_with_peak_rss
+from support.runs import CHINESE_CHARACTER
 
 
 def vanilla_translate(*args: str, stdin: str | bytes | None = None, **options) -> subprocess.CompletedProcess:

@@ -14,9 +14,8 @@ from matplotlib import colormaps
 from matplotlib.colors import to_hex, to_rgb
 from matplotlib.image import imread
 
-from helpers import REPO_ROOT, SENTENCES, beam_search_example, generate_text, headless_chromium
-from hf_vanilla_transformer.commands import attention_main
-from hf_vanilla_transformer.inspection import (
+from hf_vanilla_transformer.cli.attention import main as attention_main
+from hf_vanilla_transformer.tools.inspection import (
     ATTENTION_KINDS,
     AttentionMaps,
     DecodingStep,
@@ -25,7 +24,7 @@ from hf_vanilla_transformer.inspection import (
     decoding_steps,
     token_labels,
 )
-from hf_vanilla_transformer.visualize import (
+from hf_vanilla_transformer.tools.visualize import (
     AXIS_TITLES,
     COLOR_LEGEND,
     WINNER,
@@ -39,6 +38,9 @@ from hf_vanilla_transformer.visualize import (
     warning_lines,
     write_attention_pictures,
 )
+from support.browser import headless_chromium
+from support.models import SENTENCES, beam_search_example, generate_text
+from support.paths import REPO_ROOT
 
 SOURCE_TOKENS = ["A", " man", " is", " sleeping", ".", "</s>"]
 TARGET_TOKENS = ["Ein", " Mann", " schl", "äft", ".", "</s>"]

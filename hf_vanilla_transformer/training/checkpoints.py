@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 from transformers.trainer import TRAINER_STATE_NAME
 
-from .files import atomic_output_dir, check_output_dir
-from .loading import WEIGHTS_NAME, load_model, load_tokenizer
+from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
+from hf_vanilla_transformer.loading import WEIGHTS_NAME, load_model, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -173,9 +173,3 @@ def write_averaged_model(model_dir: str, last: int, output_dir: str, overwrite_o
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
     return folders
-
-
-if __name__ == "__main__":  # python -m hf_vanilla_transformer.checkpoints: vanilla-average-checkpoints by another name
-    from .commands import average_checkpoints_main
-
-    average_checkpoints_main()

@@ -1,42 +1,25 @@
-"""Training utilities for the paper's recipe (Section 5): its settings as `TrainingArguments` defaults, token-budget
-batches, the learning-rate schedule, checkpoint averaging, a time budget, and a `Seq2SeqTrainer` that uses them.
+"""The Trainer of the paper's recipe: `TranslationTrainer`, a `Seq2SeqTrainer` driven by `TranslationTrainingArguments`
+(arguments.py), with token-budget batches (batches.py), a time budget and its progress bar, checkpoint rotation and
+averaging (checkpoints.py: Section 6.1, "we used a single model obtained by averaging the last 5 checkpoints").
 
-- Settings (Sections 5.3, 5.4): `TranslationTrainingArguments` is `Seq2SeqTrainingArguments` with the paper's
-  values as defaults, written once here; recipes, benchmarks and tests read them from it.
-- Batching (Section 5.1): "Sentence pairs were batched together by approximate sequence length. Each training
-  batch contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target tokens."
-  transformers' samplers fix the number of *sentences* per batch (`group_by_length`, `batch_rebalance`), so we
-  add `TokenBudgetBatchSampler`, which fixes the number of *tokens*.
-- Schedule (Section 5.3, Equation 3): lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5). That is
-  transformers' `inverse_sqrt` schedule, lr * min(step / warmup, sqrt(warmup / step)), with the peak
-  lr = d_model^-0.5 * warmup^-0.5 (`paper_learning_rate`), so we use it as it is.
-- Checkpoint averaging (Section 6.1): "we used a single model obtained by averaging the last 5 checkpoints", with
-  the functions of `checkpoints.py` once training is over (`TranslationTrainer.save_final_model`).
-- Label smoothing (Section 5.4) is the Trainer's own `label_smoothing_factor`.
-- A time budget (ours, not the paper's): `max_train_minutes` ends training with a checkpoint, so that a recipe
-  fits a machine's time; the progress bar then measures that budget.
-- Decoding (Section 6.1): one generation config for evaluation and for the saved model
-  (`fold_generation_settings`), so that a saved model translates as it was scored.
+A time budget (ours, not the paper's): `max_train_minutes` ends training with a checkpoint, so that a recipe fits a
+machine's time; the progress bar then measures that budget.
 """
 
-import copy
 import inspect
 import logging
 import math
 import os
-import random
 import time
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Iterator, Sized
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import datasets
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
     EvalPrediction,
-    GenerationConfig,
     ProgressCallback,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
@@ -45,220 +28,13 @@ from transformers import (
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_pt_utils import nested_truncate
-from transformers.trainer_utils import EvalLoopOutput, SchedulerType, TrainOutput
+from transformers.trainer_utils import EvalLoopOutput, TrainOutput
 
-from .checkpoints import last_checkpoints, load_averaged_checkpoints, rotate_checkpoints
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
+from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
+from hf_vanilla_transformer.training.checkpoints import last_checkpoints, load_averaged_checkpoints, rotate_checkpoints
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class TranslationTrainingArguments(Seq2SeqTrainingArguments):
-    """`Seq2SeqTrainingArguments` whose defaults are the paper's recipe, plus the settings the recipe adds.
-
-    Section 5.3: Adam with beta1 = 0.9 (transformers' default too), beta2 = 0.98, epsilon = 1e-9, and the learning
-    rate of Equation 3 — transformers' `inverse_sqrt` schedule over 4,000 warmup steps, whose peak is
-    `learning_rate_scale` * d_model^-0.5 * warmup_steps^-0.5 unless `learning_rate` is given. Section 5.4: label
-    smoothing 0.1. The paper names no weight decay (transformers' default is none) and no gradient clipping.
-    """
-
-    adam_beta2: float = field(default=0.98, metadata={"help": "Adam's beta2 (Section 5.3: 0.98)."})
-    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam's epsilon (Section 5.3: 1e-9)."})
-    lr_scheduler_type: SchedulerType | str = field(
-        default="inverse_sqrt", metadata={"help": "The schedule; inverse_sqrt is Equation 3's."}
-    )
-    warmup_steps: float = field(default=4000, metadata={"help": "Warmup steps of Equation 3 (Section 5.3: 4000)."})
-    learning_rate: float | None = field(
-        default=None,
-        metadata={"help": "Peak learning rate (default: learning_rate_scale * d_model^-0.5 * warmup_steps^-0.5)."},
-    )
-    learning_rate_scale: float = field(
-        default=1.0, metadata={"help": "Multiplies Equation 3 when learning_rate is not given (the paper: 1)."}
-    )
-    label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing (Section 5.4: 0.1)."})
-    max_grad_norm: float = field(default=0.0, metadata={"help": "Gradient clipping norm; 0: none, as in the paper."})
-    max_tokens_per_batch: int | None = field(
-        default=None,
-        metadata={"help": "Token budget of a training batch, per process and accumulation step (Section 5.1)."},
-    )
-    average_last_checkpoints: int = field(
-        default=1, metadata={"help": "Average the weights of the last K checkpoints into the final model (6.1)."}
-    )
-    max_train_minutes: float | None = field(
-        default=None,
-        metadata={"help": "Stop training (after saving a checkpoint) once this much training time has passed "
-                  "(evaluation during training does not count)."},
-    )  # fmt: skip
-    keep_checkpoints: bool = field(
-        default=False,
-        metadata={"help": "Keep every checkpoint once the final model is saved (default: only the last, which a "
-                  "resumed run or a longer budget starts from)."},
-    )  # fmt: skip
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Replace a non-empty output_dir (transformers 5 removed this setting)."}
-    )
-    ddp_find_unused_parameters: bool | None = field(
-        default=False,
-        metadata={"help": "Every parameter takes part in every step; transformers' default (True) would make DDP "
-                  "walk the autograd graph once more each step."},
-    )  # fmt: skip
-    keep_newest_checkpoints: int | None = field(
-        default=None, init=False, metadata={"help": "save_total_limit, for TranslationTrainer's rotation by step."}
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        # transformers rotates checkpoints by modification time, which a stopped deletion upsets (`rotate_checkpoints`):
-        # the limit goes to TranslationTrainer's rotation by step, and `save_total_limit` None keeps the Trainer's off
-        self.keep_newest_checkpoints, self.save_total_limit = self.save_total_limit, None
-        averaged, kept = self.average_last_checkpoints, self.keep_newest_checkpoints
-        if averaged < 1:
-            raise ValueError(f"average_last_checkpoints {averaged} must be at least 1")
-        if averaged > 1 and self.save_strategy == "no":
-            raise ValueError(f"average_last_checkpoints {averaged} needs checkpoints, and save_strategy is 'no'")
-        if kept and averaged > kept:
-            raise ValueError(f"average_last_checkpoints {averaged} is more than the save_total_limit {kept} "
-                             "checkpoints kept")  # fmt: skip
-        if self.max_tokens_per_batch is not None and self.train_sampling_strategy != "random":
-            raise ValueError(f"train_sampling_strategy {self.train_sampling_strategy!r} has no effect with "
-                             "max_tokens_per_batch, whose batches are grouped by length and shuffled")  # fmt: skip
-
-
-# The settings that only one way of decoding reads: GenerationConfig.validate (transformers 5.24) refuses to save a
-# config that holds them for another (the paper's length penalty with greedy decoding, a temperature without sampling).
-BEAM_SEARCH_ONLY = ("length_penalty", "early_stopping")
-SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
-
-
-def fold_generation_settings(model, args: Seq2SeqTrainingArguments, **settings) -> GenerationConfig:
-    """Write a run's decoding settings into `model.generation_config`, which evaluation then uses and the model is
-    saved with, and return it: the Trainer's `args.generation_config` (a generation config file or folder: the
-    settings it holds; transformers would replace the model's whole config, its length limits included),
-    `args.generation_num_beams` and `args.generation_max_length` (transformers passes those to each evaluation's
-    `generate()` only, so a model saved by a run decoded unlike the run's scores), then `settings` (e.g.
-    `num_beams`, `length_penalty`; `None` values are not given). The three are cleared from `args`.
-
-    A setting that the resulting decoding ignores (see `BEAM_SEARCH_ONLY`, `SAMPLING_ONLY`) goes back to
-    transformers' default when it came from the model, and is an error naming it when it was given.
-    """
-    config = copy.deepcopy(model.generation_config)
-    given = {}
-    if args.generation_config is not None:
-        given.update(Seq2SeqTrainer.load_generation_config(args.generation_config).to_diff_dict())
-        given.pop("transformers_version", None)
-    for settings_in_order in (
-        {"num_beams": args.generation_num_beams, "max_length": args.generation_max_length},
-        settings,
-    ):
-        given.update({name: value for name, value in settings_in_order.items() if value is not None})
-    config.update(**given)
-    if config.num_beams is not None and config.num_beams < 1:
-        raise ValueError(f"num_beams={config.num_beams} must be at least 1")
-    greedy_or_sampling = (config.num_beams or 1) == 1
-    ignored = (BEAM_SEARCH_ONLY if greedy_or_sampling else ()) + (() if config.do_sample else SAMPLING_ONLY)
-    for name in ignored:
-        if name in given:
-            mode = "greedy decoding or sampling (num_beams=1)" if name in BEAM_SEARCH_ONLY else "do_sample=False"
-            raise ValueError(f"{name}={given[name]!r} has no effect with {mode}: leave it out")
-        setattr(config, name, None)
-    config.validate(strict=True)
-    model.generation_config = config
-    args.generation_config = args.generation_num_beams = args.generation_max_length = None
-    return config
-
-
-class TokenBudgetBatchSampler(Sampler[list[int]]):
-    """Batches of sentence pairs of similar length, each padded to at most `max_tokens` source and target tokens.
-
-    Pairs are sorted by (source length, target length), ties broken at random each epoch, and cut into batches
-    that stay within the budget once padded: len(batch) * longest source <= max_tokens, and the same for targets.
-    The batches are then shuffled (with the same seed on every process). An optimizer step takes
-    `num_processes * accumulation_steps` batches; if the number of batches is not a multiple of that, the largest
-    batches are halved until it is, as every process must run the same number of steps. A pair longer than the
-    budget on its own forms a batch alone.
-
-    On several processes, accelerate shares the batches out: `accelerator.prepare` wraps the sampler in its
-    `BatchSamplerShard`, which deals them round-robin, process r taking batches r, r + N, r + 2N, ... So N processes
-    and one process accumulating N batches take the same batches in the same steps. (The sampler has no
-    `batch_size`: accelerate then deals its batches as they are, whatever their sizes.)
-    """
-
-    def __init__(
-        self,
-        source_lengths: Sequence[int],
-        target_lengths: Sequence[int],
-        max_tokens: int,
-        num_processes: int = 1,
-        accumulation_steps: int = 1,
-        shuffle: bool = True,
-        seed: int = 0,
-    ):
-        if len(source_lengths) != len(target_lengths):
-            raise ValueError("source_lengths and target_lengths differ in length")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-        if num_processes < 1:
-            raise ValueError(f"num_processes must be positive, got {num_processes}")
-        if accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be positive, got {accumulation_steps}")
-        self.source_lengths = list(source_lengths)
-        self.target_lengths = list(target_lengths)
-        self.max_tokens = max_tokens
-        self.num_processes = num_processes
-        self.accumulation_steps = accumulation_steps
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
-        self.batch_count = len(self.all_batches(epoch=0))
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.batch_count
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.all_batches(self.epoch))
-
-    def all_batches(self, epoch: int) -> list[list[int]]:
-        rng = random.Random(self.seed + epoch)
-        order = list(range(len(self.source_lengths)))
-        if self.shuffle:
-            rng.shuffle(order)
-        order.sort(key=lambda i: (self.source_lengths[i], self.target_lengths[i]))
-
-        # The budget holds for both sides at once: len(batch) * max(longest source, longest target) <= max_tokens.
-        batches, batch, longest = [], [], 0
-        for index in order:
-            length = max(self.source_lengths[index], self.target_lengths[index])
-            if batch and (len(batch) + 1) * max(longest, length) > self.max_tokens:
-                batches.append(batch)
-                batch, longest = [], 0
-            batch.append(index)
-            longest = max(longest, length)
-        if batch:
-            batches.append(batch)
-
-        per_step = self.num_processes * self.accumulation_steps
-        while len(batches) % per_step:
-            largest = max(range(len(batches)), key=lambda b: len(batches[b]))
-            if len(batches[largest]) < 2:
-                raise ValueError(
-                    f"{len(order)} examples cannot fill the {per_step} batches of a step "
-                    f"({self.num_processes} processes x {self.accumulation_steps} accumulation steps)"
-                )
-            half = len(batches[largest]) // 2
-            batches[largest : largest + 1] = [batches[largest][:half], batches[largest][half:]]
-        if self.shuffle:
-            rng.shuffle(batches)
-        return batches
-
-
-def paper_learning_rate(d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
-    """The peak of Equation 3, scale * d_model^-0.5 * warmup^-0.5, reached at step `warmup_steps`."""
-    if warmup_steps < 1 or warmup_steps != int(warmup_steps):
-        raise ValueError(f"warmup_steps {warmup_steps} must be a whole number of steps, at least 1, for Equation 3")
-    return scale * d_model**-0.5 * int(warmup_steps) ** -0.5
 
 
 class TimeLimitCallback(TrainerCallback, ExportableState):

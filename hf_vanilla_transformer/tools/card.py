@@ -4,20 +4,18 @@ The metadata (languages, license, tags, datasets, metrics and a `model-index` wi
 `ModelCardData`, so huggingface_hub writes the YAML the Hub expects.
 """
 
-import math
 import os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
-from huggingface_hub.utils import filter_repo_objects
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .loading import one_line
-from .modeling_vanilla_transformer import paper_generation_config, source_length_margin
-from .training import paper_learning_rate
+from hf_vanilla_transformer.files import write_text_atomically
+from hf_vanilla_transformer.loading import RUN_RECORD, load_model_and_tokenizer, read_json_object
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config, source_length_margin
+from hf_vanilla_transformer.tools.visualize import write_card_picture
 
 # The template is the repository's top-level model_card.md; the package carries a link to it.
 MODEL_CARD_TEMPLATE = Path(__file__).resolve().parent / "model_card.md"
@@ -151,96 +149,28 @@ def replace_section(text: str, title: str, section: str) -> str:
     return f"{text[: start + 1]}{section.strip()}\n{rest}"
 
 
-def training_table(
-    args, d_model: int, steps: int, training_pairs: int | None, training_seconds: float | None, data: str
-) -> dict[str, str]:
-    """The card's "Training" list, from the run's `TranslationTrainingArguments`."""
-    schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
-    scale = args.learning_rate_scale
-    from_equation_3 = (
-        args.warmup_steps >= 1
-        and float(args.warmup_steps).is_integer()
-        and math.isclose(args.learning_rate, paper_learning_rate(d_model, args.warmup_steps, scale))
+def write_model_card(folder: str, model=None, tokenizer=None) -> str:
+    """Write the card (README.md) of a run's model folder from what the run recorded (`run_record.json`, written by
+    training/run.py) and the model itself (loaded from the folder unless given), with the attention picture of the
+    record's example sentence. Returns the card's path."""
+    record = read_json_object(os.path.join(folder, RUN_RECORD))
+    if model is None or tokenizer is None:
+        model, tokenizer = load_model_and_tokenizer(folder, "cpu")
+    example = record["example"]
+    picture = write_card_picture(model, tokenizer, example["source"], folder)
+    card = render_model_card(
+        model,
+        model_id=record["model_id"],
+        source_lang=record["source_lang"],
+        target_lang=record["target_lang"],
+        results=record["scores"],
+        training=record["training"],
+        dataset_id=record["dataset_id"],
+        dataset_name=record["dataset_name"],
+        example_source=example["source"],
+        example_translation=example["translation"],
+        attention_picture=picture and os.path.basename(picture),
     )
-    equation = f" (Equation 3 × {scale:g})" if from_equation_3 else ""
-    max_tokens = args.max_tokens_per_batch
-    averaged = args.average_last_checkpoints
-    return {
-        "data": data,
-        "training pairs": "—" if training_pairs is None else training_pairs,
-        "optimizer": f"Adam (β1={args.adam_beta1}, β2={args.adam_beta2}, ε={args.adam_epsilon})",
-        "learning rate": f"{schedule}, peak {args.learning_rate:.3g}{equation}, {args.warmup_steps:g} warmup steps",
-        "batches": f"about {max_tokens} tokens" if max_tokens else f"{args.per_device_train_batch_size} sentence pairs",
-        "gradient accumulation": args.gradient_accumulation_steps,
-        "label smoothing": args.label_smoothing_factor,
-        "checkpoint averaging": f"last {averaged}" if averaged > 1 else "none",
-        "steps": steps,
-        "training time": "—" if training_seconds is None else f"{training_seconds / 60:.1f} minutes",
-        "hardware": describe_hardware(),
-    }
-
-
-def cpu_name() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it ("CPU" where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "CPU"
-
-
-def describe_hardware() -> str:
-    """The accelerators or the CPU that trained the model, for the card."""
-    if torch.cuda.is_available():
-        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    return f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-
-
-# What run_translation.py's output folder holds that is not part of the model: the Trainer's own state.
-NOT_UPLOADED = ["checkpoint-*", "checkpoint-*/**", "runs/**", "training_args.bin", "*.partial"]
-
-
-def check_hub_login(token: str | None = None) -> str:
-    """The Hub user that `token` (or the saved login) is, or a one-line ValueError: before a run trains for hours
-    and then fails to upload, or before a push starts."""
-    try:
-        return HfApi(token=token).whoami()["name"]
-    # whoami makes one request and nothing else: whatever fails (no token and offline mode are OSErrors, a refused
-    # token or an unreachable Hub come from huggingface_hub's HTTP library, httpx or httpx2 by version) means no push
-    except Exception as error:
-        raise ValueError(
-            f"cannot push to the Hugging Face Hub ({one_line(error)}); log in with `hf auth login` or give a token, "
-            "or push the finished folder later with vanilla-push-to-hub"
-        ) from None
-
-
-def push_model_folder(
-    folder: str, repo_id: str, token: str | None = None, private: bool | None = None, commit_message: str = ""
-) -> str:
-    """Upload a finished model folder (ours, or an export of it: weights, config, code, tokenizer, card, results)
-    as one commit. The card's code names the model by the card's `model_name` (a local path until now): in the
-    upload it names `repo_id`."""
-    api = HfApi(token=token)
-    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
-    root = Path(folder)
-    paths = sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
-    operations = [
-        CommitOperationAdd(path_in_repo=path, path_or_fileobj=card_for(root / path, repo_id) or str(root / path))
-        for path in filter_repo_objects(paths, ignore_patterns=NOT_UPLOADED)
-    ]
-    commit = api.create_commit(
-        repo_id, operations, commit_message=commit_message or "Upload model trained with hf-vanilla-transformer"
-    )
-    return commit.commit_url
-
-
-def card_for(path: Path, repo_id: str) -> bytes | None:
-    """The model card at `path` as it reads in repository `repo_id`; None for any other file."""
-    if path.name != "README.md":
-        return None
-    card = ModelCard.load(path)
-    old_id = card.data.model_name
-    if old_id and old_id != repo_id:
-        card.text = card.text.replace(f'"{old_id}"', f'"{repo_id}"').replace(f"--model {old_id}", f"--model {repo_id}")
-        card.data.model_name = repo_id  # also the model-index's name
-    return str(card).encode("utf-8")
+    path = os.path.join(folder, "README.md")
+    write_text_atomically(path, str(card))
+    return path

@@ -25,10 +25,10 @@ from collections.abc import Callable
 
 from transformers import GenerationConfig
 
-from .extras import require
-from .files import atomic_output_dir, check_output_dir
-from .loading import ModelFolderError, load_model_and_tokenizer
-from .modeling_vanilla_transformer import source_length_margin
+from hf_vanilla_transformer.extras import require
+from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
+from hf_vanilla_transformer.loading import ModelFolderError, load_model_and_tokenizer
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16", "int8_bfloat16")
 # what our folder carries besides the weights that the export keeps (the weights become model.bin)
@@ -64,7 +64,9 @@ def export(model_path: str, output_dir: str, quantization: str = "float32", over
 
 def write_card(model_path: str, folder: str, quantization: str, model_id: str) -> None:
     """The source's card with this folder's "How to use", its decoding read from the generation config copied."""
-    from .hub import write_export_card  # here: vanilla-translate imports this module, and hub imports the Trainer
+    from hf_vanilla_transformer.tools.card import (
+        write_export_card,  # here: vanilla-translate imports this module, and hub imports the Trainer
+    )
 
     generation = GenerationConfig.from_pretrained(folder)
     write_export_card(model_path, folder, model_id, "ctranslate2", ["ctranslate2"], usage(generation, quantization))
@@ -120,7 +122,7 @@ def _converter_class():
     from ctranslate2.converters.transformers import ModelLoader, register_loader
     from ctranslate2.specs import common_spec, transformer_spec
 
-    from .modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
+    from hf_vanilla_transformer.model.modeling_vanilla_transformer import VanillaTransformerSinusoidalPositionalEncoding
 
     activations = {
         "relu": common_spec.Activation.RELU,

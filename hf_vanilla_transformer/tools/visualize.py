@@ -25,9 +25,9 @@ import warnings
 
 import numpy as np
 
-from .extras import require
-from .files import replace_atomically
-from .inspection import (
+from hf_vanilla_transformer.extras import require
+from hf_vanilla_transformer.files import replace_atomically
+from hf_vanilla_transformer.tools.inspection import (
     ATTENTION_KINDS,
     AttentionMaps,
     DecodingStep,

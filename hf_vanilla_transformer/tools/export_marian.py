@@ -3,7 +3,7 @@ no code of ours and no `trust_remote_code` — for the Hub's widgets and inferen
 forbid remote code, and tools that know transformers' architectures (converters, serving stacks).
 
     vanilla-export-marian --model runs/multi30k-small --output_dir runs/multi30k-small-marian
-    python -m hf_vanilla_transformer.export_marian --model runs/multi30k-small --output_dir ...   # the same
+    python -m hf_vanilla_transformer.cli.export_marian --model runs/multi30k-small --output_dir ...   # the same
 
 Our default model is Marian's architecture exactly — post-LN layers, sinusoidal positions from 0, embeddings scaled
 by √d_model, one vocabulary with tied embeddings — up to three differences of storage, which the export undoes:
@@ -28,10 +28,10 @@ from collections.abc import Callable
 import torch
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
-from .files import atomic_output_dir, check_output_dir
-from .hub import write_export_card
-from .loading import ModelFolderError, load_model_and_tokenizer
-from .modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT, source_length_margin
+from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
+from hf_vanilla_transformer.loading import ModelFolderError, load_model_and_tokenizer
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT, source_length_margin
+from hf_vanilla_transformer.tools.card import write_export_card
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # Marian's nn.LayerNorm(d_model), PyTorch's default
 
@@ -209,9 +209,3 @@ installed, `hf_vanilla_transformer.TranslationPipeline(model=model, tokenizer=to
 """
 
     return section
-
-
-if __name__ == "__main__":  # python -m hf_vanilla_transformer.export_marian: vanilla-export-marian by another name
-    from .commands import export_marian_main
-
-    export_marian_main()

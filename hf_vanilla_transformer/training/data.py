@@ -2,28 +2,25 @@
 
 A translation row is `{"translation": {"en": "...", "de": "..."}}`, the format of transformers' translation
 examples. A `datasets` dataset may also hold one column a language (`{"en": "...", "de": "..."}`), as some of the
-Hub's translation datasets do. Every reader checks each row and raises `TranslationDataError` naming the file and
+Hub's translation datasets do. Every reader checks each row and raises `InputError` (files.py) naming the file and
 line (or the dataset, split and row) of the first bad one, so that a command fails with one clear line instead of a
 traceback.
 """
 
 import json
-import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
+from hf_vanilla_transformer.files import InputError, numbered_lines
+
 TRANSLATION_FILE_EXTENSIONS = (".json", ".jsonl")
-
-
-class TranslationDataError(ValueError):
-    """Input data that cannot be used; the message says where and why."""
 
 
 def translation_pair(row, where: str, source_lang: str, target_lang: str) -> tuple[str, str]:
     """The (source, target) sentences of one translation row, checked."""
     translation = row.get("translation") if isinstance(row, dict) else None
     if not isinstance(translation, dict):
-        raise TranslationDataError(f'{where}: expected an object with a "translation" object, got {_shorten(row)}')
+        raise InputError(f'{where}: expected an object with a "translation" object, got {_shorten(row)}')
     return sentence_pair(translation, where, source_lang, target_lang, holder="the translation")
 
 
@@ -34,11 +31,11 @@ def sentence_pair(sentences: dict, where: str, source_lang: str, target_lang: st
         sentence = sentences.get(lang)
         if sentence is None:  # no such key, or null: `datasets` fills in null for a language that a row lacks
             languages = ", ".join(repr(key) for key, value in sentences.items() if value is not None) or "none"
-            raise TranslationDataError(f"{where}: {holder} has no {lang!r} sentence (it has {languages})")
+            raise InputError(f"{where}: {holder} has no {lang!r} sentence (it has {languages})")
         if not isinstance(sentence, str):
-            raise TranslationDataError(f"{where}: the {lang!r} sentence is not a string: {_shorten(sentence)}")
+            raise InputError(f"{where}: the {lang!r} sentence is not a string: {_shorten(sentence)}")
         if not sentence.strip():
-            raise TranslationDataError(f"{where}: the {lang!r} sentence is empty")
+            raise InputError(f"{where}: the {lang!r} sentence is empty")
         _check_encodable(sentence, f"{where}: the {lang!r} sentence")
     return sentences[source_lang], sentences[target_lang]
 
@@ -51,7 +48,7 @@ def dataset_row_pair(row: dict, where: str, source_lang: str, target_lang: str) 
     for lang in (source_lang, target_lang):
         if lang not in row:
             columns = ", ".join(map(repr, row)) or "none"
-            raise TranslationDataError(
+            raise InputError(
                 f"{where}: neither a 'translation' column nor a column named {lang!r} (the columns are {columns})"
             )
     return sentence_pair(row, where, source_lang, target_lang, holder="the row")
@@ -67,7 +64,7 @@ def read_translation_file(path: str, source_lang: str, target_lang: str) -> Iter
         yield translation_pair(_json_row(line, where), where, source_lang, target_lang)
         count += 1
     if count == 0:
-        raise TranslationDataError(f"{path}: no sentence pairs (the file is empty)")
+        raise InputError(f"{path}: no sentence pairs (the file is empty)")
 
 
 def read_text_file(path: str) -> Iterator[str]:
@@ -78,7 +75,7 @@ def read_text_file(path: str) -> Iterator[str]:
             yield line.rstrip("\r\n")
             count += 1
     if count == 0:
-        raise TranslationDataError(f"{path}: no sentences (the file is empty)")
+        raise InputError(f"{path}: no sentences (the file is empty)")
 
 
 def read_dataset(
@@ -95,7 +92,7 @@ def read_dataset(
         dataset = datasets.load_dataset(dataset_name, dataset_config_name, split=split)
     except (FileNotFoundError, ValueError, ConnectionError, RuntimeError) as error:
         # RuntimeError: a dataset with a loading script, which `datasets` 4 and later no longer run
-        raise TranslationDataError(f"dataset_name {where}: cannot load it ({error})") from None
+        raise InputError(f"dataset_name {where}: cannot load it ({error})") from None
     for index, row in enumerate(dataset):
         yield dataset_row_pair(row, f"{where} row {index}", source_lang, target_lang)
 
@@ -138,22 +135,20 @@ def _json_row(line: str, where: str):
     try:
         return json.loads(line, object_pairs_hook=lambda pairs: _object_without_duplicates(pairs, where))
     except json.JSONDecodeError as error:
-        raise TranslationDataError(
-            f"{where}: not valid JSON ({error.msg.removesuffix(' at')} at column {error.colno})"
-        ) from None
+        raise InputError(f"{where}: not valid JSON ({error.msg.removesuffix(' at')} at column {error.colno})") from None
     except RecursionError:
-        raise TranslationDataError(f"{where}: not a translation row (JSON nested too deeply to read)") from None
-    except TranslationDataError:
+        raise InputError(f"{where}: not a translation row (JSON nested too deeply to read)") from None
+    except InputError:
         raise
     except ValueError as error:  # integers of more than 4,300 digits
-        raise TranslationDataError(f"{where}: not a translation row ({error})") from None
+        raise InputError(f"{where}: not a translation row ({error})") from None
 
 
 def _object_without_duplicates(pairs: list[tuple[str, object]], where: str) -> dict:
     row = {}
     for key, value in pairs:
         if key in row:
-            raise TranslationDataError(f"{where}: the key {key!r} appears twice in one object")
+            raise InputError(f"{where}: the key {key!r} appears twice in one object")
         row[key] = value
     return row
 
@@ -164,33 +159,9 @@ def _check_encodable(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise TranslationDataError(
+        raise InputError(
             f"{what} is not Unicode text (a lone surrogate {text[error.start]!r} at character {error.start + 1})"
         ) from None
-
-
-def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each line of a UTF-8 file, its line end kept; errors name the file and line."""
-    if not os.path.isfile(path):
-        raise TranslationDataError(f"{path}: no such file")
-    with open(path, "rb") as file:
-        yield from decoded_lines(file, path)
-
-
-def decoded_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[tuple[int, str]]:
-    """`raw_lines` (a binary file or stream) decoded as UTF-8 line by line, not by the text layer's chunks, so that
-    an error names the line it is on. Lines end at b"\\n" only: str.splitlines would also split at U+2028 or
-    U+0085 inside a sentence, and a translation would no longer be on its source's line."""
-    for line_number, raw in enumerate(raw_lines, 1):
-        try:
-            # a byte-order mark (Windows editors write one) is not part of the first line's text
-            text = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
-            if text:  # empty only for a file that holds a byte-order mark and nothing else
-                yield line_number, text
-        except UnicodeDecodeError as error:
-            raise TranslationDataError(
-                f"{name}:{line_number}: not UTF-8 text ({error.reason} at byte {error.start + 1} of the line)"
-            ) from None
 
 
 def _shorten(value, limit: int = 60) -> str:

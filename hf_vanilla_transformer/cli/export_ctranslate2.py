@@ -1,0 +1,30 @@
+"""vanilla-export-ctranslate2: a model folder written as a CTranslate2 folder (tools/export_ctranslate2.py)."""
+
+import sys
+
+from hf_vanilla_transformer.cli.flags import CommandParser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command: `argv` as on the command line (default: sys.argv[1:])."""
+    from hf_vanilla_transformer.tools.export_ctranslate2 import QUANTIZATIONS, export
+
+    parser = CommandParser(
+        prog="vanilla-export-ctranslate2",
+        description="Export a trained model folder to CTranslate2, OpenNMT's inference engine, for fast CPU "
+        "translation (needs the [fast] extra).",
+    )
+    parser.add_argument("--model", required=True, help="One of our model folders (run_translation.py), or its Hub id.")
+    parser.add_argument("--output_dir", required=True, help="The CTranslate2 model folder to write.")
+    parser.add_argument("--quantization", default="float32", choices=QUANTIZATIONS, help="Weight type.")
+    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
+    args = parser.parse_args(argv)
+    try:
+        export(args.model, args.output_dir, args.quantization, args.overwrite_output_dir)
+    except (OSError, ValueError, ImportError) as error:
+        sys.exit(f"{parser.prog}: error: {error}")
+    print(f"Wrote a CTranslate2 model ({args.quantization}) to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    main()

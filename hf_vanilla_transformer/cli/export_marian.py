@@ -1,0 +1,29 @@
+"""vanilla-export-marian: a model folder written as transformers' own MarianMTModel (tools/export_marian.py)."""
+
+import sys
+
+from hf_vanilla_transformer.cli.flags import CommandParser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command: `argv` as on the command line (default: sys.argv[1:])."""
+    from hf_vanilla_transformer.tools.export_marian import export
+
+    parser = CommandParser(
+        prog="vanilla-export-marian",
+        description="Export a trained model folder to transformers' own MarianMTModel: the same model, loaded by "
+        "plain transformers with no code of ours and no trust_remote_code.",
+    )
+    parser.add_argument("--model", required=True, help="One of our model folders (run_translation.py), or its Hub id.")
+    parser.add_argument("--output_dir", required=True, help="The MarianMTModel folder to write.")
+    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
+    args = parser.parse_args(argv)
+    try:
+        export(args.model, args.output_dir, args.overwrite_output_dir)
+    except (OSError, ValueError) as error:
+        sys.exit(f"{parser.prog}: error: {error}")
+    print(f"Wrote a MarianMTModel to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    main()

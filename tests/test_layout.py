@@ -1,0 +1,90 @@
+"""The package's layout shows its architecture: the model files a saved folder carries import nothing else of the
+package, each layer imports only the layers below it, and no module imports another back (no cycle).
+
+    model                the files every saved folder carries (copied flat beside the weights)
+    errors, files,       one concept each: one-line messages; reading and writing files; devices and CPU
+    hardware, extras,    probing; optional packages; checked loading of a model folder
+    loading
+    training   tools     the paper's recipe on the Trainer; what one does with a trained folder (neither imports
+                         the other)
+    cli                  the command lines
+"""
+
+import ast
+import graphlib
+from pathlib import Path
+
+from support.paths import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "hf_vanilla_transformer"
+BASE = {"errors", "files", "hardware", "extras", "loading"}
+# what each layer may import from the package, besides itself
+MAY_IMPORT = {
+    "model": set(),
+    "base": {"model"},
+    "training": {"model", "base"},
+    "tools": {"model", "base"},
+    "cli": {"model", "base", "training", "tools"},
+    "": {"model"},  # the package's __init__: it registers the model with transformers' auto classes
+}
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")[1:]
+    if not parts:
+        return ""
+    return "base" if parts[0] in BASE else parts[0]
+
+
+def imports(path: Path) -> set[str]:
+    """The package's modules that `path` imports, at its top or inside a function, absolute or relative."""
+    found, own = set(), module_name(path).split(".")
+    package = own if path.name == "__init__.py" else own[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package[: len(package) - node.level + 1], *filter(None, [base])])
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            found.update(name if name in MODULES else base for name in names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "hf_vanilla_transformer"}
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+GRAPH = {module: imports(path) - {module} for module, path in MODULES.items()}
+
+
+def test_the_files_a_saved_folder_carries_import_nothing_else_of_the_package():
+    model = {module for module in MODULES if layer(module) == "model"}
+    assert {"hf_vanilla_transformer.model.modeling_vanilla_transformer"} < model
+    for module in model:
+        assert GRAPH[module] <= model, f"{module} imports {sorted(GRAPH[module] - model)}"
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    wrong = [
+        f"{module} ({layer(module) or 'the package'}) imports {imported}"
+        for module, imported_modules in GRAPH.items()
+        for imported in sorted(imported_modules)
+        if layer(imported) != layer(module) and layer(imported) not in MAY_IMPORT[layer(module)]
+        and imported != "hf_vanilla_transformer"  # importing the package registers the model: allowed everywhere
+    ]  # fmt: skip
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_imports_another_that_imports_it_back():
+    graphlib.TopologicalSorter({module: imported & MODULES.keys() for module, imported in GRAPH.items()}).prepare()
+
+
+def test_the_check_sees_relative_imports_and_imports_inside_functions():
+    assert (
+        "hf_vanilla_transformer.model.pipeline_translation"
+        in GRAPH["hf_vanilla_transformer.model.configuration_vanilla_transformer"]
+    )  # `from .pipeline_translation import ...`
+    assert "hf_vanilla_transformer.tools.translate" in GRAPH["hf_vanilla_transformer.cli.translate"]
