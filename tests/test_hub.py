@@ -71,7 +71,7 @@ def test_run_translation_pushes_one_complete_folder(trained_run):
         "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
         "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "pipeline_translation.py",
         "README.md", "all_results.json", "train_results.json", "eval_results.json", "predict_results.json",
-        "generated_predictions.txt", "trainer_state.json", "attention.png",
+        "generated_predictions.txt", "trainer_state.json", "attention.png", "run_record.json",
     }  # fmt: skip
     config = json.loads(files["config.json"])
     assert config["auto_map"]["AutoModelForSeq2SeqLM"].endswith("VanillaTransformerForConditionalGeneration")
