@@ -2,6 +2,7 @@
 
 import inspect
 import json
+from importlib.metadata import version
 from typing import Literal
 
 import pytest
@@ -143,7 +144,7 @@ def test_a_config_whose_recorded_releases_are_not_installed_is_refused_naming_bo
     with pytest.raises(ValueError) as error:
         VanillaTransformerConfig(required_versions={"torch": "99.0"})
     assert str(error.value) == (
-        f"this model (required_versions in its config) needs torch >= 99.0; this Python has torch {torch.__version__} "
+        f"this model (required_versions in its config) needs torch >= 99.0; this Python has torch {version('torch')} "
         "(pip install -U 'torch>=99.0')"
     )
     # met: the record becomes this code's own
