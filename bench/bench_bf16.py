@@ -2,7 +2,7 @@
 
     python -m bench.bench_bf16 --model runs/multi30k-small --repetitions 3
 
-- "cpu": whether the CPU has bfloat16 units (AVX512-BF16, AMX: `hf_vanilla_transformer.precision`) and 2048x2048
+- "cpu": whether the CPU has bfloat16 units (AVX512-BF16, AMX: `hf_vanilla_transformer.hardware`) and 2048x2048
   matrix products per second in each dtype, on torch's threads.
 - "training": one training step (forward, backward, Adam) of the `small` and `base` presets on Multi30k batches of
   <= 2,048 tokens, in float32 and under bfloat16 autocast (what the Trainer's --bf16 does on a CPU), interleaved,

@@ -16,7 +16,7 @@ import torch
 import yaml
 from datasets import Dataset
 from huggingface_hub import ModelCard
-from hypothesis import event, given
+from hypothesis import event, example, given
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
@@ -267,7 +267,7 @@ GOOD = json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})
                 "--save_total_limit",
                 "2",
             ],
-            r"average_last_checkpoints 5 is more than the save_total_limit 2 checkpoints kept$",
+            r"--average_last_checkpoints 5 is more than the --save_total_limit 2 checkpoints kept$",
         ),
     ],
 )
@@ -338,6 +338,7 @@ RECIPE_KEYS = ["max_steps", "do_train", "train_file", "learning_rate_scale", "no
     ),
     form=st.sampled_from(["yaml", "json", "text"]),
 )
+@example(recipe={"average_last_checkpoints": 0}, form="yaml")  # found by 2,000 fresh examples: named no flag
 def test_any_recipe_parses_or_is_one_line_naming_the_recipe(recipe, form):
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / ("recipe.json" if form == "json" else "recipe.yaml")

@@ -215,11 +215,11 @@ def test_predictions_come_in_dataset_order_even_with_length_grouped_training(tmp
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"average_last_checkpoints": 0}, "average_last_checkpoints 0 must be at least 1"),
-        ({"average_last_checkpoints": 3, "save_strategy": "no"}, "needs checkpoints, and save_strategy is 'no'"),
-        ({"average_last_checkpoints": 5, "save_total_limit": 2}, "is more than the save_total_limit 2 checkpoints"),
+        ({"average_last_checkpoints": 0}, "--average_last_checkpoints 0 must be at least 1"),
+        ({"average_last_checkpoints": 3, "save_strategy": "no"}, "needs checkpoints, and --save_strategy is 'no'"),
+        ({"average_last_checkpoints": 5, "save_total_limit": 2}, "is more than the --save_total_limit 2 checkpoints"),
         ({"max_tokens_per_batch": 500, "train_sampling_strategy": "group_by_length"},
-         "train_sampling_strategy 'group_by_length' has no effect with max_tokens_per_batch"),
+         "--train_sampling_strategy 'group_by_length' has no effect with --max_tokens_per_batch"),
     ],
 )  # fmt: skip
 def test_training_arguments_that_make_no_sense_together_are_refused(tmp_path, settings, message):

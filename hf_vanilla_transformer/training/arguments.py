@@ -88,15 +88,15 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         self.keep_newest_checkpoints, self.save_total_limit = self.save_total_limit, None
         averaged, kept = self.average_last_checkpoints, self.keep_newest_checkpoints
         if averaged < 1:
-            raise ValueError(f"average_last_checkpoints {averaged} must be at least 1")
+            raise ValueError(f"--average_last_checkpoints {averaged} must be at least 1")
         if averaged > 1 and self.save_strategy == "no":
-            raise ValueError(f"average_last_checkpoints {averaged} needs checkpoints, and save_strategy is 'no'")
+            raise ValueError(f"--average_last_checkpoints {averaged} needs checkpoints, and --save_strategy is 'no'")
         if kept and averaged > kept:
-            raise ValueError(f"average_last_checkpoints {averaged} is more than the save_total_limit {kept} "
+            raise ValueError(f"--average_last_checkpoints {averaged} is more than the --save_total_limit {kept} "
                              "checkpoints kept")  # fmt: skip
         if self.max_tokens_per_batch is not None and self.train_sampling_strategy != "random":
-            raise ValueError(f"train_sampling_strategy {self.train_sampling_strategy!r} has no effect with "
-                             "max_tokens_per_batch, whose batches are grouped by length and shuffled")  # fmt: skip
+            raise ValueError(f"--train_sampling_strategy {self.train_sampling_strategy!r} has no effect with "
+                             "--max_tokens_per_batch, whose batches are grouped by length and shuffled")  # fmt: skip
 
 
 # The settings that only one way of decoding reads: GenerationConfig.validate (transformers 5.24) refuses to save a
