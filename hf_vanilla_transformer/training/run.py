@@ -47,11 +47,7 @@ logger = logging.getLogger("run_translation")
 
 SPLITS = (("train", "train_file", "max_train_samples"), ("validation", "validation_file", "max_eval_samples"),
           ("test", "test_file", "max_predict_samples"))  # fmt: skip
-
-
 METRIC_PREFIXES = {"validation": "eval", "test": "predict"}
-
-
 LATEST = "latest"  # --resume_from_checkpoint latest: the newest complete checkpoint in --output_dir
 
 
