@@ -43,6 +43,7 @@ def test_translate_command_keeps_order_and_empty_lines(trained_run, model_and_to
     piped = vanilla_translate("--model", str(trained_run.output), "--max_new_tokens", "3", stdin=SENTENCES[0] + "\n")
     assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 1 and piped.stdout.strip()
     assert "sentence/s" not in piped.stderr
+    assert "seem to have been set" not in piped.stderr  # --max_new_tokens replaces the model's max_length
 
 
 def test_translate_command_writes_chinese_as_utf8_whatever_the_locale(chinese_run, tmp_path):

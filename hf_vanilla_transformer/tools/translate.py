@@ -76,6 +76,8 @@ class PipelineTranslator:
         self.pipeline = TranslationPipeline(model=model, tokenizer=self.tokenizer, device=model.device)
 
     def translate(self, sentences: list[str], batch_size: int, **generate_kwargs) -> list[str]:
+        if "max_new_tokens" in generate_kwargs:  # --max_new_tokens replaces the model's max_length, which transformers
+            generate_kwargs["max_length"] = None  # would otherwise warn about at every batch, and then ignore anyway
         outputs = self.pipeline(sentences, batch_size=batch_size, **generate_kwargs)
         return [output["translation_text"] for output in outputs]
 
