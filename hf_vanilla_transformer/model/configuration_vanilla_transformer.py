@@ -54,6 +54,9 @@ from transformers.activations import ACT2FN  # noqa: E402
 # that dependency, the way transformers knows it, not an import for a side effect of running the module.
 from .pipeline_translation import CUSTOM_PIPELINES  # noqa: E402
 
+# the attributes filled in from others when not given, and what they are derived from (`derived`)
+DERIVED = {"head_dim": ("d_model", "encoder_attention_heads", "decoder_attention_heads"), "init_std": ("d_model",)}
+
 PositionEmbeddingType = Literal["sinusoidal", "learned"]
 LayerNormPosition = Literal["post", "pre"]
 
@@ -209,35 +212,32 @@ class VanillaTransformerConfig(PretrainedConfig):
         # Checked here so that a bad value raises a plain ValueError at construction; `validate()` (run again by
         # `save_pretrained`) calls the same check for values changed later.
         self.validate_hyperparameters()
-        if self.init_std is None:
-            self.init_std = self.derived_init_std()
-        if self.head_dim is None:
-            self.head_dim = self.derived_head_dim()
+        for name in DERIVED:
+            if getattr(self, name) is None:
+                setattr(self, name, self.derived(name))
         if self.custom_pipelines is None:
             self.custom_pipelines = copy.deepcopy(CUSTOM_PIPELINES)
 
-    def derived_head_dim(self) -> int | None:
-        """d_k = d_model / h (Section 3.2.2) when both stacks' head counts give the same whole number, else None."""
+    def derived(self, name: str) -> int | float | None:
+        """What `name` (a key of `DERIVED`) is when not given: d_k = d_model / h (Section 3.2.2) when both stacks'
+        head counts give the same whole number (else None), and init_std = d_model^-0.5."""
+        if name == "init_std":
+            return self.d_model**-0.5
         d_ks = {self.d_model / self.encoder_attention_heads, self.d_model / self.decoder_attention_heads}
         d_k = d_ks.pop()
         return int(d_k) if not d_ks and d_k.is_integer() else None
 
-    def derived_init_std(self) -> float:
-        return self.d_model**-0.5
-
     def __setattr__(self, name, value):
         # a filled-in head_dim or init_std follows the attributes it was derived from (see the class docstring)
         name = self.attribute_map.get(name, name)
-        followers = []
-        if name in ("d_model", "encoder_attention_heads", "decoder_attention_heads") and "head_dim" in self.__dict__:
-            followers = [
-                (follower, derive)
-                for follower, derive in (("head_dim", self.derived_head_dim), ("init_std", self.derived_init_std))
-                if getattr(self, follower) == derive() and (follower == "head_dim" or name == "d_model")
-            ]
+        following = [
+            derived
+            for derived, sources in DERIVED.items()
+            if name in sources and derived in self.__dict__ and getattr(self, derived) == self.derived(derived)
+        ]
         super().__setattr__(name, value)
-        for follower, derive in followers:
-            super().__setattr__(follower, derive())
+        for derived in following:
+            super().__setattr__(derived, self.derived(derived))
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
