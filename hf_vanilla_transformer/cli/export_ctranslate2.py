@@ -14,10 +14,8 @@ def main(argv: list[str] | None = None) -> None:
         description="Export a trained model folder to CTranslate2, OpenNMT's inference engine, for fast CPU "
         "translation (needs the [fast] extra).",
     )
-    parser.add_argument("--model", required=True, help="One of our model folders (run_translation.py), or its Hub id.")
-    parser.add_argument("--output_dir", required=True, help="The CTranslate2 model folder to write.")
+    parser.add_export_flags("CTranslate2 model")
     parser.add_argument("--quantization", default="float32", choices=QUANTIZATIONS, help="Weight type.")
-    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
     args = parser.parse_args(argv)
     try:
         export(args.model, args.output_dir, args.quantization, args.overwrite_output_dir)

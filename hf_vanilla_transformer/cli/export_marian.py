@@ -14,9 +14,7 @@ def main(argv: list[str] | None = None) -> None:
         description="Export a trained model folder to transformers' own MarianMTModel: the same model, loaded by "
         "plain transformers with no code of ours and no trust_remote_code.",
     )
-    parser.add_argument("--model", required=True, help="One of our model folders (run_translation.py), or its Hub id.")
-    parser.add_argument("--output_dir", required=True, help="The MarianMTModel folder to write.")
-    parser.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
+    parser.add_export_flags("MarianMTModel")
     args = parser.parse_args(argv)
     try:
         export(args.model, args.output_dir, args.overwrite_output_dir)

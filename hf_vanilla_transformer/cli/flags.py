@@ -86,6 +86,15 @@ class CommandParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
+    def add_export_flags(self, written: str) -> None:
+        """--model, --output_dir and --overwrite_output_dir of a command that writes one of our model folders as
+        another: `written`, what --output_dir holds."""
+        self.add_argument(
+            "--model", required=True, help="One of our model folders (run_translation.py), or its Hub id."
+        )
+        self.add_argument("--output_dir", required=True, help=f"The {written} folder to write.")
+        self.add_argument("--overwrite_output_dir", action="store_true", help="Replace a non-empty --output_dir.")
+
 
 def positive_int(text: str) -> int:
     """A count of at least 1: a batch size, a number of beams, tokens, threads."""
