@@ -162,6 +162,15 @@ def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path, flags, mes
     assert sorted(str(path) for path in tmp_path.rglob("*")) == before  # nothing written, nothing deleted
 
 
+def test_a_mistyped_flag_is_one_line_as_in_every_command(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        average_checkpoints_main(["--model_dir", "run", "--output_dir", "out", "--lats", "3"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "vanilla-average-checkpoints: error: unrecognized arguments: --lats 3 (see --help)\n"
+    )
+
+
 def test_the_command_runs_as_python_m(tmp_path):
     run = tmp_path / "run"
     train_with_checkpoints(run)

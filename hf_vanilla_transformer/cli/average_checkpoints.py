@@ -1,10 +1,10 @@
 """vanilla-average-checkpoints: a run's newest checkpoints averaged into a model folder (training/checkpoints.py), as
 fairseq's scripts/average_checkpoints.py."""
 
-import argparse
 import os
 import sys
 
+from hf_vanilla_transformer.cli.flags import CommandParser
 from hf_vanilla_transformer.errors import one_line
 
 
@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
     from hf_vanilla_transformer.training.checkpoints import write_averaged_model
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="vanilla-average-checkpoints",
         description="Average the weights of the newest checkpoints of a training run (Section 6.1 of the paper: the "
         "last 5), as fairseq's scripts/average_checkpoints.py does, into a new model folder that from_pretrained "
