@@ -6,9 +6,15 @@ browser, no training subprocess, no torch.compile. `python -m pytest --slow` add
 `slow`, and every test that uses one of SLOW_FIXTURES (trained runs on `../shared` data and what is built on them).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# `datasets` caches what runs read (training/data.py): in a folder of this session's own, so that no test reads a
+# cache an earlier session left, and nothing is written to the user's ~/.cache
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="hf-datasets-")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
@@ -18,6 +24,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from support.hub import intercepted_hub
 from support.models import BOS, EOS, PAD
 from support.runs import CHINESE_RUN, TINY_RUN, TrainedRun
+
+atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
 
 # The tests' models are tiny: one thread runs them as fast as two, and with another job on the machine torch's two
 # threads wait on each other (a quick-tier test took 90 s instead of 10). Subprocesses keep torch's default.

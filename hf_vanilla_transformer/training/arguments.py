@@ -220,6 +220,19 @@ class DataTrainingArguments:
     dataset_description: str | None = field(
         default=None, metadata={"help": "How the model card names the data, e.g. 'Multi30k (en-de)'."}
     )
+    cache_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where the data read, its BPE vocabulary and its tokens are cached as Arrow files, for the "
+            "next run on the same files to reuse (default: datasets' cache, HF_DATASETS_CACHE)."
+        },
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes that tokenize the data (default: one, in the tokenizers' threads)."}
+    )
+    overwrite_cache: bool = field(
+        default=False, metadata={"help": "Build the vocabulary and the tokenized data again, ignoring their cache."}
+    )
 
 
 def parse_config_overrides(config_overrides: str | None) -> dict:

@@ -5,9 +5,18 @@ transformers' samplers fix the number of *sentences* per batch (`group_by_length
 """
 
 import random
+from array import array
 from collections.abc import Iterator, Sequence
 
+import numpy as np
+import pyarrow.compute
 from torch.utils.data import Sampler
+
+
+def token_counts(dataset, column: str) -> np.ndarray:
+    """The length of each row's token list in `column` of a `datasets.Dataset`, read from the Arrow list offsets:
+    no row is decoded into Python."""
+    return pyarrow.compute.list_value_length(dataset.with_format("arrow")[column]).to_numpy()
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -24,6 +33,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     `BatchSamplerShard`, which deals them round-robin, process r taking batches r, r + N, r + 2N, ... So N processes
     and one process accumulating N batches take the same batches in the same steps. (The sampler has no
     `batch_size`: accelerate then deals its batches as they are, whatever their sizes.)
+
+    Memory: the lengths and one epoch's order are arrays of 4 and 8 bytes a pair, so that a corpus of tens of millions
+    of pairs is batched in a few hundred MB; a batch becomes a list only when it is taken. The batch sizes do not
+    depend on the epoch (only which of the pairs of equal lengths go together does), so they are cut once.
     """
 
     def __init__(
@@ -44,54 +57,71 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError(f"num_processes must be positive, got {num_processes}")
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be positive, got {accumulation_steps}")
-        self.source_lengths = list(source_lengths)
-        self.target_lengths = list(target_lengths)
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int32)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int32)
         self.max_tokens = max_tokens
         self.num_processes = num_processes
         self.accumulation_steps = accumulation_steps
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
-        self.batch_count = len(self.all_batches(epoch=0))
+        self.batch_starts = self.cut_into_batches()
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.batch_count
+        return len(self.batch_starts) - 1
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.all_batches(self.epoch))
-
-    def all_batches(self, epoch: int) -> list[list[int]]:
-        rng = random.Random(self.seed + epoch)
-        order = list(range(len(self.source_lengths)))
-        if self.shuffle:
-            rng.shuffle(order)
-        order.sort(key=lambda i: (self.source_lengths[i], self.target_lengths[i]))
-
-        # The budget holds for both sides at once: len(batch) * max(longest source, longest target) <= max_tokens.
-        batches, batch, longest = [], [], 0
-        for index in order:
-            length = max(self.source_lengths[index], self.target_lengths[index])
-            if batch and (len(batch) + 1) * max(longest, length) > self.max_tokens:
-                batches.append(batch)
-                batch, longest = [], 0
-            batch.append(index)
-            longest = max(longest, length)
-        if batch:
-            batches.append(batch)
-
-        per_step = self.num_processes * self.accumulation_steps
-        while len(batches) % per_step:
-            largest = max(range(len(batches)), key=lambda b: len(batches[b]))
-            if len(batches[largest]) < 2:
-                raise ValueError(
-                    f"{len(order)} examples cannot fill the {per_step} batches of a step "
-                    f"({self.num_processes} processes x {self.accumulation_steps} accumulation steps)"
-                )
-            half = len(batches[largest]) // 2
-            batches[largest : largest + 1] = [batches[largest][:half], batches[largest][half:]]
+        rng = random.Random(self.seed + self.epoch)
+        order = self.sorted_order(rng)
+        batches = list(range(len(self)))
         if self.shuffle:
             rng.shuffle(batches)
-        return batches
+        for batch in batches:
+            yield order[self.batch_starts[batch] : self.batch_starts[batch + 1]].tolist()
+
+    def all_batches(self, epoch: int) -> list[list[int]]:
+        """Every batch of an epoch, in the order they are taken."""
+        epoch, self.epoch = self.epoch, epoch
+        try:
+            return list(self)
+        finally:
+            self.epoch = epoch
+
+    def sorted_order(self, rng: random.Random) -> np.ndarray:
+        """The pairs' indices sorted by (source length, target length), ties in a random order drawn from `rng`:
+        shuffled first as `random.shuffle` shuffles a list (an array of machine integers takes 8 bytes a pair where
+        a list of Python integers takes 36), then sorted by a stable sort."""
+        order = array("q", range(len(self.source_lengths)))
+        if self.shuffle:
+            rng.shuffle(order)
+        order = np.frombuffer(order, dtype=np.int64)
+        return order[np.lexsort((self.target_lengths[order], self.source_lengths[order]))]
+
+    def cut_into_batches(self) -> np.ndarray:
+        """Where each batch starts in the sorted order, and where the last ends (len(batches) + 1 positions)."""
+        # The budget holds for both sides at once: len(batch) * max(longest source, longest target) <= max_tokens.
+        order = np.lexsort((self.target_lengths, self.source_lengths))
+        lengths = np.maximum(self.source_lengths, self.target_lengths)[order]
+        starts, start = [0], 0
+        while start < len(lengths):
+            # a batch is the longest run from `start` whose size times its longest pair fits (one pair at least);
+            # no batch holds more than max_tokens pairs, each at least one token long
+            window = lengths[start : start + self.max_tokens]
+            padded = np.arange(1, len(window) + 1) * np.maximum.accumulate(window)
+            start += max(1, int(np.searchsorted(padded, self.max_tokens, side="right")))
+            starts.append(start)
+
+        per_step = self.num_processes * self.accumulation_steps
+        while (len(starts) - 1) % per_step:
+            sizes = np.diff(starts)
+            largest = int(np.argmax(sizes))  # the first of the largest, as max() would take
+            if sizes[largest] < 2:
+                raise ValueError(
+                    f"{len(lengths)} examples cannot fill the {per_step} batches of a step "
+                    f"({self.num_processes} processes x {self.accumulation_steps} accumulation steps)"
+                )
+            starts.insert(largest + 1, starts[largest] + sizes[largest] // 2)
+        return np.asarray(starts, dtype=np.int64)

@@ -5,15 +5,23 @@ examples. A `datasets` dataset may also hold one column a language (`{"en": "...
 Hub's translation datasets do. Every reader checks each row and raises `InputError` (files.py) naming the file and
 line (or the dataset, split and row) of the first bad one, so that a command fails with one clear line instead of a
 traceback.
+
+`load_translation_split` streams the checked pairs into an Arrow file on disk (`datasets`' cache), never into
+Python lists, so a corpus of millions of pairs is memory-mapped rather than held in memory; a second run on the same
+file finds that cache and reads nothing (see `file_fingerprint`).
 """
 
+import hashlib
 import json
+import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from hf_vanilla_transformer.files import InputError, numbered_lines
 
 TRANSLATION_FILE_EXTENSIONS = (".json", ".jsonl")
+# bumped when the rows a file gives change, so that a cache written by an earlier version is not reused
+PAIRS_FORMAT = 1
 
 
 def translation_pair(row, where: str, source_lang: str, target_lang: str) -> tuple[str, str]:
@@ -84,17 +92,27 @@ def read_dataset(
     """(source, target) pairs of one split of a `datasets` dataset: whatever `datasets.load_dataset` loads, a Hub
     name or a local folder (data files such as train.jsonl/validation.jsonl/test.jsonl or parquet, or a folder that
     `save_to_disk` wrote), in either layout `dataset_row_pair` reads."""
+    where = dataset_split_name(dataset_name, dataset_config_name, split)
+    for index, row in enumerate(load_dataset_split(dataset_name, dataset_config_name, split)):
+        yield dataset_row_pair(row, f"{where} row {index}", source_lang, target_lang)
+
+
+def dataset_split_name(dataset_name: str, dataset_config_name: str | None, split: str) -> str:
+    """How errors name a dataset's split: `name (config c)[split]`."""
+    config = "" if dataset_config_name is None else f" (config {dataset_config_name})"
+    return f"{dataset_name}{config}[{split}]"
+
+
+def load_dataset_split(dataset_name: str, dataset_config_name: str | None, split: str, cache_dir: str | None = None):
+    """`datasets.load_dataset`'s split, or an InputError naming it."""
     import datasets
 
-    config = "" if dataset_config_name is None else f" (config {dataset_config_name})"
-    where = f"{dataset_name}{config}[{split}]"
     try:
-        dataset = datasets.load_dataset(dataset_name, dataset_config_name, split=split)
+        return datasets.load_dataset(dataset_name, dataset_config_name, split=split, cache_dir=cache_dir)
     except (FileNotFoundError, ValueError, ConnectionError, RuntimeError) as error:
         # RuntimeError: a dataset with a loading script, which `datasets` 4 and later no longer run
+        where = dataset_split_name(dataset_name, dataset_config_name, split)
         raise InputError(f"dataset_name {where}: cannot load it ({error})") from None
-    for index, row in enumerate(dataset):
-        yield dataset_row_pair(row, f"{where} row {index}", source_lang, target_lang)
 
 
 def load_translation_split(
@@ -105,19 +123,88 @@ def load_translation_split(
     source_lang: str,
     target_lang: str,
     max_samples: int | None = None,
+    cache_dir: str | None = None,
 ):
-    """A `datasets.Dataset` with `source` and `target` columns, from a JSON lines file or else a dataset's split."""
+    """A `datasets.Dataset` with `source` and `target` columns, from a JSON lines file or else a dataset's split,
+    written to an Arrow file in `cache_dir` (default: `datasets`' cache) and memory-mapped from there."""
     import datasets
 
-    if path is not None:
-        pairs = read_translation_file(path, source_lang, target_lang)
-    else:
-        pairs = read_dataset(dataset_name, dataset_config_name, split, source_lang, target_lang)
-    sources, targets = [], []
-    for source, target in islice(pairs, max_samples):
-        sources.append(source)
-        targets.append(target)
-    return datasets.Dataset.from_dict({"source": sources, "target": targets})
+    features = datasets.Features({"source": datasets.Value("string"), "target": datasets.Value("string")})
+    if path is None:
+        dataset = load_dataset_split(dataset_name, dataset_config_name, split, cache_dir)
+        if max_samples is not None:
+            dataset = dataset.select(range(min(max_samples, len(dataset))))
+        where = dataset_split_name(dataset_name, dataset_config_name, split)
+        return dataset.map(
+            checked_pairs,
+            batched=True,
+            with_indices=True,
+            fn_kwargs={"where": where, "source_lang": source_lang, "target_lang": target_lang},
+            remove_columns=dataset.column_names,
+            features=features,
+            desc=f"Checking {split}",
+        )
+    try:
+        return datasets.Dataset.from_generator(
+            file_pairs,
+            features=features,
+            cache_dir=cache_dir,
+            gen_kwargs={"path": path, "source_lang": source_lang, "target_lang": target_lang,
+                        "max_samples": max_samples},
+            fingerprint=file_fingerprint(path, source_lang, target_lang, max_samples),
+            split=split,
+        )  # fmt: skip
+    except datasets.exceptions.DatasetGenerationError as error:
+        # `datasets` wraps whatever the generator raised in its own "An error occurred while generating the
+        # dataset"; a bad row's InputError (file and line) is the message to show, and the cache is left unwritten
+        if isinstance(error.__cause__, InputError):
+            raise error.__cause__ from None
+        raise
+
+
+def file_pairs(path: str, source_lang: str, target_lang: str, max_samples: int | None) -> Iterator[dict]:
+    """The rows `load_translation_split` writes: a translation file's checked pairs as {"source", "target"}."""
+    for source, target in islice(read_translation_file(path, source_lang, target_lang), max_samples):
+        yield {"source": source, "target": target}
+
+
+def file_fingerprint(path: str, source_lang: str, target_lang: str, max_samples: int | None) -> str:
+    """What names a file's cached pairs: the file as it is now (path, size, modification time), the languages and
+    the number of pairs read. `datasets` would otherwise hash the generator's arguments, which name the file but
+    not its content, and a file edited in place would give the old pairs."""
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file")
+    status = os.stat(path)
+    named = [PAIRS_FORMAT, os.path.abspath(path), status.st_size, status.st_mtime_ns, source_lang, target_lang,
+             max_samples]  # fmt: skip
+    return hashlib.sha256(json.dumps(named).encode()).hexdigest()[:32]
+
+
+def checked_pairs(rows: dict[str, list], indices: list[int], where: str, source_lang: str, target_lang: str) -> dict:
+    """A batch of a `datasets` split as checked {"source", "target"} columns (`Dataset.map`, batched)."""
+    pairs = [
+        dataset_row_pair({column: values[offset] for column, values in rows.items()}, f"{where} row {index}",
+                         source_lang, target_lang)
+        for offset, index in enumerate(indices)
+    ]  # fmt: skip
+    return {"source": [source for source, _ in pairs], "target": [target for _, target in pairs]}
+
+
+def dataset_fingerprint(dataset, *settings) -> str | None:
+    """A name for what is made from `dataset` with `settings` (JSON values): its Arrow files as they are now (path,
+    size, modification time), its length and the settings; None for a dataset held only in memory."""
+    files = [cache_file["filename"] for cache_file in dataset.cache_files]
+    if not files:
+        return None
+    named = [[path, os.stat(path).st_size, os.stat(path).st_mtime_ns] for path in files]
+    return hashlib.sha256(json.dumps([named, len(dataset), *settings]).encode()).hexdigest()[:32]
+
+
+def column_values(dataset, column: str, batch_size: int = 1000) -> Iterator:
+    """A column's values one by one, read a batch at a time from the Arrow file (`dataset[column]` would make one
+    Python list of them all)."""
+    for batch in dataset.select_columns(column).iter(batch_size=batch_size):
+        yield from batch[column]
 
 
 def file_sentences(files: Iterable[str], source_lang: str, target_lang: str) -> Iterator[str]:

@@ -3,16 +3,20 @@ then train, average, evaluate and predict (`train_and_evaluate`), leaving a mode
 did (`run_record.json`: data, recipe, steps, time, hardware, scores and an example), from which tools/card.py writes
 the model card."""
 
+import hashlib
 import json
 import logging
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from itertools import chain
 
+import datasets
 import transformers
 from datasets import Dataset
+from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
@@ -32,7 +36,7 @@ from hf_vanilla_transformer.training.arguments import (
     parse_config_overrides,
 )
 from hf_vanilla_transformer.training.checkpoints import checkpoint_to_resume, latest_checkpoint
-from hf_vanilla_transformer.training.data import load_translation_split
+from hf_vanilla_transformer.training.data import column_values, dataset_fingerprint, load_translation_split
 from hf_vanilla_transformer.training.metrics import (
     bleu_and_chrf_against,
     bleu_tokenization,
@@ -48,6 +52,8 @@ logger = logging.getLogger("run_translation")
 SPLITS = (("train", "train_file", "max_train_samples"), ("validation", "validation_file", "max_eval_samples"),
           ("test", "test_file", "max_predict_samples"))  # fmt: skip
 METRIC_PREFIXES = {"validation": "eval", "test": "predict"}
+# bumped when `tokenize` or the BPE training changes what it makes from the same data, so that no older cache is reused
+TOKENS_FORMAT = 1
 LATEST = "latest"  # --resume_from_checkpoint latest: the newest complete checkpoint in --output_dir
 
 
@@ -91,20 +97,21 @@ def prepare(model_args, data_args, training_args) -> Run:
     sacrebleu_bleu(bleu_tokenization(data_args.target_lang, data_args.bleu_tokenize))  # fails now, not after training
     set_seed(training_args.seed)
 
-    splits = {}
     wanted = {"train": training_args.do_train, "validation": training_args.do_eval, "test": training_args.do_predict}
-    for split, file_flag, limit_flag in SPLITS:
-        if not wanted[split]:
-            continue
-        path = getattr(data_args, file_flag)
-        if path is None and data_args.dataset_name is None:
+    for split, file_flag, _ in SPLITS:
+        if wanted[split] and getattr(data_args, file_flag) is None and data_args.dataset_name is None:
             raise ValueError(f"--{file_flag} is needed (or --dataset_name) for the {split} split")
-        splits[split] = load_translation_split(
-            path, data_args.dataset_name, data_args.dataset_config_name, split,
-            data_args.source_lang, data_args.target_lang, getattr(data_args, limit_flag),
-        )  # fmt: skip
-
-    tokenizer = load_or_train_tokenizer(model_args, splits, training_args.resume_from_checkpoint)
+    # Each machine's first process reads, checks and tokenizes into the data cache; the others then read the cache.
+    with training_args.main_process_first(local=True, desc="reading and tokenizing the data"):
+        splits = {
+            split: load_translation_split(
+                getattr(data_args, file_flag), data_args.dataset_name, data_args.dataset_config_name, split,
+                data_args.source_lang, data_args.target_lang, getattr(data_args, limit_flag), data_args.cache_dir,
+            )
+            for split, file_flag, limit_flag in SPLITS
+            if wanted[split]
+        }  # fmt: skip
+        tokenizer = load_or_train_tokenizer(model_args, data_args, splits, training_args)
     model = load_or_build_model(model_args, tokenizer)
     # Section 6.1 chose beam size and alpha on the development set: a recipe may do the same. Every decoding flag
     # goes into the generation config, so that the saved model translates as it was scored.
@@ -119,16 +126,19 @@ def prepare(model_args, data_args, training_args) -> Run:
     if data_args.max_source_length is not None:
         # saved with the tokenizer, so that the pipeline and vanilla-translate cut sources as training did
         tokenizer.model_max_length = data_args.max_source_length
-    tokenized = {
-        split: tokenize(dataset, tokenizer, data_args.max_source_length or positions,
-                        data_args.max_target_length or positions)
-        for split, dataset in splits.items()
-    }  # fmt: skip
+    with training_args.main_process_first(local=True, desc="tokenizing the data"):
+        tokenized = {
+            split: tokenize(dataset, tokenizer, data_args.max_source_length or positions,
+                            data_args.max_target_length or positions, num_proc=data_args.preprocessing_num_workers,
+                            load_from_cache_file=not data_args.overwrite_cache)
+            for split, dataset in splits.items()
+        }  # fmt: skip
     return Run(model_args, data_args, training_args, tokenizer, model, splits, tokenized)
 
 
-def load_or_train_tokenizer(model_args, splits, resume_from_checkpoint: str | None):
-    """The given tokenizer, the fine-tuned model's, the checkpoint's when resuming, or a new shared BPE."""
+def load_or_train_tokenizer(model_args, data_args, splits, training_args):
+    """The given tokenizer, the fine-tuned model's, the checkpoint's when resuming, or a new shared BPE (cached)."""
+    resume_from_checkpoint = training_args.resume_from_checkpoint
     source = model_args.tokenizer_name or model_args.model_name_or_path
     if (
         source is None
@@ -140,14 +150,35 @@ def load_or_train_tokenizer(model_args, splits, resume_from_checkpoint: str | No
         return load_tokenizer(source)
     if "train" not in splits:
         raise ValueError("without --tokenizer_name the vocabulary is trained on the training data: give --do_train")
-    logger.info("Training a shared %d-token BPE vocabulary on the training data", model_args.vocab_size)
     train = splits["train"]
-    return train_shared_bpe(
-        chain(train["source"], train["target"]),
-        vocab_size=model_args.vocab_size,
-        normalization=model_args.normalization,
-        split_han=model_args.split_han,
-    )
+    settings = {"vocab_size": model_args.vocab_size, "normalization": model_args.normalization,
+                "split_han": model_args.split_han}  # fmt: skip
+    fingerprint = dataset_fingerprint(train, TOKENS_FORMAT, settings)
+    cached = None
+    if fingerprint is not None:
+        cached = os.path.join(data_args.cache_dir or datasets.config.HF_DATASETS_CACHE, "hf_vanilla_transformer",
+                              f"bpe-{fingerprint}")  # fmt: skip
+        if os.path.isdir(cached) and not data_args.overwrite_cache:
+            logger.info("Loading the shared BPE vocabulary trained on this data before: %s", cached)
+            return load_tokenizer(cached)
+    logger.info("Training a shared %d-token BPE vocabulary on the training data", model_args.vocab_size)
+    sentences = chain(column_values(train, "source"), column_values(train, "target"))
+    progress = tqdm(sentences, total=2 * len(train), desc="Learning the BPE from", unit=" sentences",
+                    disable=training_args.disable_tqdm)  # fmt: skip
+    tokenizer = train_shared_bpe(progress, **settings)
+    if cached is not None:
+        save_tokenizer_atomically(tokenizer, cached)
+    return tokenizer
+
+
+def save_tokenizer_atomically(tokenizer, folder: str) -> None:
+    """`tokenizer` saved into `folder` whole or not at all: another process may be reading or writing it."""
+    partial = f"{folder}.partial-{os.getpid()}"
+    tokenizer.save_pretrained(partial)
+    try:
+        os.replace(partial, folder)
+    except OSError:  # another process wrote it first (a folder is not replaced by a rename)
+        shutil.rmtree(partial)
 
 
 def load_or_build_model(model_args, tokenizer):
@@ -178,15 +209,34 @@ def load_or_build_model(model_args, tokenizer):
     return model
 
 
-def tokenize(dataset, tokenizer, max_source_length: int, max_target_length: int):
-    def encode(batch):
-        features = tokenizer(batch["source"], max_length=max_source_length, truncation=True)
-        features["labels"] = tokenizer(text_target=batch["target"], max_length=max_target_length, truncation=True)[
-            "input_ids"
-        ]
-        return features
+def tokenize(
+    dataset, tokenizer, max_source_length: int, max_target_length: int, num_proc: int | None = None,
+    load_from_cache_file: bool = True,
+):  # fmt: skip
+    """`input_ids` and `labels` of a split's pairs, with `datasets.map` into its cache. The cache is named by the
+    split's Arrow files, the tokenizer's vocabulary and the lengths, so that a second run on the same data and
+    vocabulary reads it back: `datasets` would otherwise hash the tokenizer object, whose state changes as it is
+    used. No attention mask is stored: the collator makes it from the padding."""
+    vocabulary = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+    fingerprint = dataset_fingerprint(dataset, TOKENS_FORMAT, vocabulary, max_source_length, max_target_length)
+    lengths = {"max_source_length": max_source_length, "max_target_length": max_target_length}
+    return dataset.map(
+        encode_pairs,
+        batched=True,
+        fn_kwargs={"tokenizer": tokenizer, **lengths},
+        remove_columns=dataset.column_names,
+        num_proc=num_proc,
+        load_from_cache_file=load_from_cache_file,
+        new_fingerprint=fingerprint,
+        desc="Tokenizing",
+    )
 
-    return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="Tokenizing")
+
+def encode_pairs(batch: dict, tokenizer, max_source_length: int, max_target_length: int) -> dict:
+    features = tokenizer(batch["source"], max_length=max_source_length, truncation=True, return_attention_mask=False)
+    labels = tokenizer(text_target=batch["target"], max_length=max_target_length, truncation=True,
+                       return_attention_mask=False)  # fmt: skip
+    return {"input_ids": features["input_ids"], "labels": labels["input_ids"]}
 
 
 def train_and_evaluate(run: Run) -> dict:

@@ -31,7 +31,7 @@ from transformers.trainer_pt_utils import nested_truncate
 from transformers.trainer_utils import EvalLoopOutput, TrainOutput
 
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
-from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
+from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler, token_counts
 from hf_vanilla_transformer.training.checkpoints import last_checkpoints, load_averaged_checkpoints, rotate_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -274,8 +274,8 @@ class TranslationTrainer(Seq2SeqTrainer):
             return super().get_train_dataloader()
         dataset = self.model_input_columns(self.train_dataset)
         sampler = TokenBudgetBatchSampler(
-            [len(ids) for ids in dataset["input_ids"]],
-            [len(ids) for ids in dataset["labels"]],
+            token_counts(dataset, "input_ids"),
+            token_counts(dataset, "labels"),
             max_tokens=max_tokens,
             num_processes=self.args.world_size,
             accumulation_steps=self.args.gradient_accumulation_steps,

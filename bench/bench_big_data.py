@@ -1,0 +1,122 @@
+"""A big corpus on one machine: run_translation.py's data path against transformers' stock example's
+(bench/stock_data_path.py) on a synthetic corpus made from Multi30k (bench/make_big_corpus.py), each run to its
+first training steps (--max_steps 2): wall time, peak memory, the time each phase began, and the disk the caches take.
+
+    python -m bench.make_big_corpus --pairs 2000000 --output big.jsonl
+    python -m bench.bench_big_data --corpus big.jsonl --work /tmp/big    # ours cold, stock cold, ours warm, stock warm
+
+Ours first trains the 8,000-token BPE on the corpus and caches it; the stock example cannot train one, so it is given
+that BPE (its runs then skip the vocabulary step ours takes). "Cold": an empty cache; "warm": the same command
+again, on the cache the cold run left. Peak memory is the largest sum of resident memory over the command's
+process tree (sampled every 0.2 s; worker processes included; memory-mapped Arrow pages count while mapped).
+`--runs ours` measures ours alone (the 20,000,000-pair corpus). Writes bench/results/big_data_<pairs>.json.
+"""
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+
+from bench.common import REPO_ROOT, machine, write_results
+
+# the first line of each phase in the command's output (datasets' and our progress bars, the Trainer's)
+PHASES = {
+    "reading": re.compile(r"Generating train split"),
+    "vocabulary": re.compile(r"Learning the BPE from"),
+    "tokenizing": re.compile(r"Tokenizing|Running tokenizer"),
+    "first step done": re.compile(r"\b1/\d+ \["),
+}
+
+
+def tree_rss(process: psutil.Process) -> int:
+    total = 0
+    for member in [process, *process.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):  # a worker that ended since it was listed
+            total += member.memory_info().rss
+    return total
+
+
+def measured(command: list[str], log: str) -> dict:
+    """Run `command` to its end: seconds, peak tree RSS, and when each of PHASES first showed in its output."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    watched, peak, phases = psutil.Process(process.pid), 0, {}
+
+    def read_output():
+        with open(log, "wb") as file:
+            for chunk in iter(lambda: process.stdout.read1(65536), b""):
+                file.write(chunk)
+                text = chunk.decode("utf-8", "replace")
+                for phase, pattern in PHASES.items():
+                    if phase not in phases and pattern.search(text):
+                        phases[phase] = round(time.perf_counter() - start, 1)
+
+    reader = threading.Thread(target=read_output)
+    reader.start()
+    while process.poll() is None:
+        peak = max(peak, tree_rss(watched))
+        time.sleep(0.2)
+    reader.join()
+    if process.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed; see {log}")
+    return {"seconds": round(time.perf_counter() - start, 1), "peak_rss_mib": round(peak / 2**20), "phases": phases}
+
+
+def disk_mib(folder: str) -> int:
+    return round(sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder)
+                     for name in names) / 2**20)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", required=True, help="Translation JSON lines (bench/make_big_corpus.py).")
+    parser.add_argument("--work", required=True, help="A folder for the caches and runs (emptied first).")
+    parser.add_argument("--runs", choices=["both", "ours"], default="both")
+    parser.add_argument("--tokenizer_name", help="A BPE for every run (default: ours trains one, stock takes it).")
+    parser.add_argument("--preprocessing_num_workers", type=int)
+    args = parser.parse_args()
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    with open(args.corpus, "rb") as corpus:
+        pairs = sum(1 for _ in corpus)
+    workers = [] if args.preprocessing_num_workers is None else ["--preprocessing_num_workers",
+                                                                 str(args.preprocessing_num_workers)]  # fmt: skip
+    common = ["--train_file", os.path.abspath(args.corpus), "--max_steps", "2", *workers]
+
+    def ours(run: str) -> list[str]:
+        vocabulary = ["--tokenizer_name", args.tokenizer_name] if args.tokenizer_name else ["--vocab_size", "8000"]
+        return [sys.executable, "run_translation.py", *common, "--source_lang", "en", "--target_lang", "de",
+                "--preset", "small", *vocabulary, "--cache_dir", os.path.join(args.work, "ours-cache"),
+                "--output_dir", os.path.join(args.work, run), "--overwrite_output_dir", "true",
+                "--use_cpu", "true", "--report_to", "none"]  # fmt: skip
+
+    def stock(run: str) -> list[str]:
+        return [sys.executable, "-m", "bench.stock_data_path", *common, "--tokenizer_name", tokenizer,
+                "--cache_dir", os.path.join(args.work, "stock-cache"),
+                "--output_dir", os.path.join(args.work, run)]  # fmt: skip
+
+    results = {"machine": machine(), "pairs": pairs, "corpus_mib": round(os.path.getsize(args.corpus) / 2**20)}
+    tokenizer = args.tokenizer_name
+    for start in ("cold", "warm"):
+        results[f"ours_{start}"] = measured(ours(f"ours-{start}"), os.path.join(args.work, f"ours-{start}.log"))
+        print("ours", start, results[f"ours_{start}"], flush=True)
+        if start == "cold":
+            results["ours_cache_mib"] = disk_mib(os.path.join(args.work, "ours-cache"))
+            tokenizer = tokenizer or os.path.join(args.work, "ours-cold")  # the BPE ours trained, saved with its model
+        if args.runs == "both":
+            results[f"stock_{start}"] = measured(stock(f"stock-{start}"), os.path.join(args.work, f"stock-{start}.log"))
+            print("stock", start, results[f"stock_{start}"], flush=True)
+            if start == "cold":
+                results["stock_cache_mib"] = disk_mib(os.path.join(args.work, "stock-cache"))
+    print(write_results(f"big_data_{pairs}", results))
+
+
+if __name__ == "__main__":
+    main()
