@@ -8,7 +8,8 @@ first training steps (--max_steps 2): wall time, peak memory, the time each phas
 Ours first trains the 8,000-token BPE on the corpus and caches it; the stock example cannot train one, so it is given
 that BPE (its runs then skip the vocabulary step ours takes). "Cold": an empty cache; "warm": the same command
 again, on the cache the cold run left. Peak memory is the largest sum of resident memory over the command's
-process tree (sampled every 0.2 s; worker processes included; memory-mapped Arrow pages count while mapped).
+process tree (sampled every 0.2 s; worker processes included; memory-mapped Arrow pages count while mapped), and of
+its anonymous part (what the processes hold themselves, file pages left out).
 `--runs ours` measures ours alone (the 20,000,000-pair corpus). Writes bench/results/big_data_<pairs>.json.
 """
 
@@ -35,19 +36,24 @@ PHASES = {
 }
 
 
-def tree_rss(process: psutil.Process) -> int:
-    total = 0
+def tree_memory(process: psutil.Process) -> tuple[int, int]:
+    """Resident memory summed over the process tree: (all of it, the anonymous part). The rest is file pages, the
+    memory-mapped Arrow files among them, which the kernel can drop and read again."""
+    total = anonymous = 0
     for member in [process, *process.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):  # a worker that ended since it was listed
-            total += member.memory_info().rss
-    return total
+        with contextlib.suppress(OSError, psutil.NoSuchProcess):  # a worker that ended since it was listed
+            with open(f"/proc/{member.pid}/status") as status:
+                fields = dict(line.split(":", 1) for line in status)
+            total += int(fields["VmRSS"].split()[0]) * 1024
+            anonymous += int(fields["RssAnon"].split()[0]) * 1024
+    return total, anonymous
 
 
 def measured(command: list[str], log: str) -> dict:
     """Run `command` to its end: seconds, peak tree RSS, and when each of PHASES first showed in its output."""
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-    watched, peak, phases = psutil.Process(process.pid), 0, {}
+    watched, peak, peak_anonymous, phases = psutil.Process(process.pid), 0, 0, {}
 
     def read_output():
         with open(log, "wb") as file:
@@ -61,12 +67,14 @@ def measured(command: list[str], log: str) -> dict:
     reader = threading.Thread(target=read_output)
     reader.start()
     while process.poll() is None:
-        peak = max(peak, tree_rss(watched))
+        total, anonymous = tree_memory(watched)
+        peak, peak_anonymous = max(peak, total), max(peak_anonymous, anonymous)
         time.sleep(0.2)
     reader.join()
     if process.returncode != 0:
         sys.exit(f"{' '.join(command)} failed; see {log}")
-    return {"seconds": round(time.perf_counter() - start, 1), "peak_rss_mib": round(peak / 2**20), "phases": phases}
+    return {"seconds": round(time.perf_counter() - start, 1), "peak_rss_mib": round(peak / 2**20),
+            "peak_anonymous_rss_mib": round(peak_anonymous / 2**20), "phases": phases}  # fmt: skip
 
 
 def disk_mib(folder: str) -> int:
