@@ -13,9 +13,10 @@ from matplotlib.image import imread
 
 from hf_vanilla_transformer.tools.visualize import STEP_COLUMNS, WINNER
 from hf_vanilla_transformer.training.data import read_translation_file
-from support.browser import free_port, headless_chromium, served_demo
+from support.browser import headless_chromium, served_demo
 from support.models import SENTENCES, generate_text
 from support.paths import DEMO_APP, MULTI30K, REPO_ROOT
+from support.processes import free_port
 
 pytestmark = pytest.mark.slow  # a Gradio server on a trained run, Chromium
 

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.browser import free_port, served_demo
+from support.browser import served_demo
 from support.paths import REPO_ROOT
+from support.processes import free_port
 
 
 def python_block(heading: str) -> str:

@@ -9,6 +9,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import sacrebleu
@@ -34,7 +35,7 @@ from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
 from support.files import write_bytes_lines, write_dataset, write_lines
 from support.hostile import FUZZ_SETTINGS, HOSTILE_LINES, JSON_VALUES, assert_one_line_error
 from support.paths import REPO_ROOT, TATOEBA_EN_ZH, TEST, TRAIN, VALIDATION
-from support.processes import audited_writes, write_audit_env
+from support.processes import audited_ranks, audited_writes, free_port, run_side_by_side, write_audit_env
 from support.runs import CHINESE_CHARACTER, CHINESE_RUN, TINY_MODEL_RUN
 
 OUTPUT_FILES = {
@@ -420,27 +421,62 @@ TWO_PROCESSES = {
     "accelerate launch": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
 }  # fmt: skip
+# docs/training.md's commands for two machines, one process each: the same command on each machine, with its {node}
+# and the first machine's {port} filled in. Here both machines are this one.
+TWO_MACHINES = {
+    "torchrun": ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", "127.0.0.1:{port}", "--rdzv-id", "multi30k"],
+    "accelerate launch": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+                          "--num_processes", "2", "--machine_rank", "{node}", "--main_process_ip", "127.0.0.1",
+                          "--main_process_port", "{port}"],
+}  # fmt: skip
+ON_TWO_MACHINES = [f"{name} on 2 machines" for name in TWO_MACHINES]
+
+
+class Launched(NamedTuple):
+    """A launch of DISTRIBUTED_RUN: its output folder on the machine of rank 0, the output folders of the other
+    machines, and what each process wrote on its machine ({rank: writes}, paths relative to the machine's folder)."""
+
+    output: Path
+    other_outputs: list[Path]
+    writes: dict[str, list[str]]
 
 
 @pytest.fixture(scope="module")
-def launched_runs(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
-    """DISTRIBUTED_RUN as one process accumulating 2 batches a step, and on 2 processes by each launcher, with the
-    writes of every process recorded: {launch: (output folder, {rank: writes})}."""
-    runs = {}
+def launched_runs(tmp_path_factory) -> dict[str, Launched]:
+    """DISTRIBUTED_RUN as one process accumulating 2 batches a step, on 2 processes by each launcher, and on 2
+    machines of one process each by each launcher's command for several machines. Each machine is a folder here,
+    with the run's output folder, the data cache (HF_DATASETS_CACHE) and the record of every process's writes."""
     accumulating = ["--gradient_accumulation_steps", "2"]
     launches = {
-        "one process": ([], accumulating),
-        **{name: (launcher, []) for name, launcher in TWO_PROCESSES.items()},
+        "one process": ([[]], accumulating),
+        **{name: ([launcher], []) for name, launcher in TWO_PROCESSES.items()},
+        **{f"{name} on 2 machines": ([launcher] * 2, []) for name, launcher in TWO_MACHINES.items()},
     }
-    for name, (launcher, extra) in launches.items():
-        folder = tmp_path_factory.mktemp("launch")
-        env = {**write_audit_env(folder / "audit", folder), "OMP_NUM_THREADS": "1"}
-        result = subprocess.run(
-            [sys.executable, *launcher, *DISTRIBUTED_RUN, *extra, "--output_dir", str(folder / "run")],
-            capture_output=True, text=True, timeout=600, env=env,
-        )  # fmt: skip
-        assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
-        runs[name] = (folder / "run", audited_writes(folder / "audit"))
+    runs = {}
+    for name, (launchers, extra) in launches.items():
+        folder, port = tmp_path_factory.mktemp("launch"), free_port()
+        machines = [folder / f"machine-{node}" for node in range(len(launchers))]
+        commands = [
+            [sys.executable, *(part.format(node=node, port=port) for part in launcher), *DISTRIBUTED_RUN, *extra,
+             "--output_dir", str(machines[node] / "run")]
+            for node, launcher in enumerate(launchers)
+        ]  # fmt: skip
+        envs = [
+            {**write_audit_env(machine / "audit", machine), "HF_DATASETS_CACHE": str(machine / "datasets"),
+             "OMP_NUM_THREADS": "1"}
+            for machine in machines
+        ]  # fmt: skip
+        logs = [folder / f"{machine.name}.log" for machine in machines]
+        statuses = run_side_by_side(commands, envs, logs, timeout=600)
+        assert statuses == [0] * len(machines), f"{name}: {statuses}\n" + "\n".join(
+            log.read_text()[-3000:] for log in logs
+        )
+        # rank 0's machine first: torchrun's c10d rendezvous numbers the machines itself (by host name, then by the
+        # launcher's process id), whatever their order here; ranks "0" and "1" sort before the launcher's "single"
+        machines.sort(key=lambda machine: min(audited_ranks(machine / "audit")))
+        writes = {rank: lines for machine in machines for rank, lines in audited_writes(machine / "audit").items()}
+        runs[name] = Launched(machines[0] / "run", [machine / "run" for machine in machines[1:]], writes)
     return runs
 
 
@@ -449,15 +485,15 @@ def logged(output: Path, key: str) -> list[float]:
     return [entry[key] for entry in history if key in entry]
 
 
-@pytest.mark.parametrize("launch", TWO_PROCESSES)
+@pytest.mark.parametrize("launch", [*TWO_PROCESSES, *ON_TWO_MACHINES])
 def test_two_processes_learn_what_one_process_accumulating_two_batches_learns(launched_runs, launch):
     """The same batches in the same steps (TokenBudgetBatchSampler deals rank r the batches that accumulation step r
-    of one process takes), so the same losses, step for step, and the same averaged model and translations.
-    Measured here: bitwise equal (2 processes sum 2 gradients in the order one process accumulates them). The
-    tolerance, 1e-6, allows for a backend that sums in another order: a few float32 roundings (about 1e-7 of a
-    value) per step, over 20 steps."""
-    one, _ = launched_runs["one process"]
-    two, _ = launched_runs[launch]
+    of one process takes), so the same losses, step for step, and the same averaged model and translations, whether
+    the 2 processes are on one machine or on two, each with its own disk. Measured here: bitwise equal (2 processes
+    sum 2 gradients in the order one process accumulates them). The tolerance, 1e-6, allows for a backend that sums
+    in another order: a few float32 roundings (about 1e-7 of a value) per step, over 20 steps."""
+    one = launched_runs["one process"].output
+    two = launched_runs[launch].output
     losses = logged(one, "loss")
     assert len(losses) == 20 and losses[-1] < losses[0] - 0.5
     assert logged(two, "loss") == pytest.approx(losses, rel=0, abs=1e-6)
@@ -470,10 +506,10 @@ def test_two_processes_learn_what_one_process_accumulating_two_batches_learns(la
     assert (two / "generated_predictions.txt").read_text() == (one / "generated_predictions.txt").read_text()
 
 
-@pytest.mark.parametrize("launch", TWO_PROCESSES)
+@pytest.mark.parametrize("launch", [*TWO_PROCESSES, *ON_TWO_MACHINES])
 def test_only_the_main_process_writes_the_run(launched_runs, launch):
     """Checkpoints, averaging, evaluation, the card and the predictions are written by rank 0, each once."""
-    output, writes = launched_runs[launch]
+    output, _, writes = launched_runs[launch]
     assert set(writes) == {"0"}, {rank: lines[:5] for rank, lines in writes.items() if rank != "0"}
     written = writes["0"]
     for path in ("README.md", "attention.png", "generated_predictions.txt", "all_results.json"):
@@ -482,6 +518,19 @@ def test_only_the_main_process_writes_the_run(launched_runs, launch):
         assert f"write run/{checkpoint}/trainer_state.json" in written
     assert len((output / "generated_predictions.txt").read_text().splitlines()) == 24
     assert json.loads((output / "all_results.json").read_text())["predict_samples"] == 24
+
+
+@pytest.mark.parametrize("launch", ON_TWO_MACHINES)
+def test_the_other_machine_keeps_only_the_random_state_of_its_process(launched_runs, launch):
+    """The other machine's output folder holds what transformers' Trainer writes on every process: the random state
+    of its process in each checkpoint, for a resumed run to restore (written by torch, which the write record does not
+    see). The main process's rotation deletes checkpoint-10 on its own machine only."""
+    run = launched_runs[launch]
+    [other] = run.other_outputs
+    kept = sorted(path.relative_to(other).as_posix() for path in other.rglob("*") if path.is_file())
+    assert kept == ["checkpoint-10/rng_state_1.pth", "checkpoint-20/rng_state_1.pth"]
+    assert sorted(path.name for path in (run.output / "checkpoint-20").glob("rng_state*")) == ["rng_state_0.pth"]
+    assert not (run.output / "checkpoint-10").exists()
 
 
 @pytest.mark.slow

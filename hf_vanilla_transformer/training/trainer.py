@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 import datasets
 import torch
+from accelerate.utils import broadcast
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import (
@@ -373,16 +374,19 @@ class TranslationTrainer(Seq2SeqTrainer):
             logger.info("%s holds this run's final model already: loaded, not averaged again", output_dir)
             load_averaged_checkpoints(self.model, [output_dir])  # the mean of one folder: its weights
         else:
-            # Every process averages into its own model (each evaluates next), from checkpoints that only the main
-            # process writes and deletes: all read the same complete folders, between two waits.
+            # Only the main process reads the checkpoints, which only it writes and deletes: on several machines
+            # without a shared disk only its machine has them. Every process evaluates next, with the averaged
+            # weights the main process sends it. The wait: on a shared disk, every process has looked for a saved
+            # model (above) before the main process saves one.
             self.accelerator.wait_for_everyone()
             if count > 1 or finished_checkpoint is not None:
-                folders = last_checkpoints(output_dir, count)
-                if len(folders) < count:
-                    logger.warning("Only %d checkpoints to average (asked for %d)", len(folders), count)
-                logger.info("Averaging %s", ", ".join(os.path.basename(folder) for folder in folders))
-                load_averaged_checkpoints(self.model, folders)
-            self.accelerator.wait_for_everyone()
+                if self.is_world_process_zero():
+                    folders = last_checkpoints(output_dir, count)
+                    if len(folders) < count:
+                        logger.warning("Only %d checkpoints to average (asked for %d)", len(folders), count)
+                    logger.info("Averaging %s", ", ".join(os.path.basename(folder) for folder in folders))
+                    load_averaged_checkpoints(self.model, folders)
+                broadcast(list(self.model.state_dict().values()), from_process=0)  # in place
             self.save_model()
             if self.is_world_process_zero():  # last: the saved trainer state says that the model beside it is complete
                 state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))

@@ -1,7 +1,6 @@
 """The demo served on a free port, and a headless Chromium to look at pages (Debian's chromium, chromium-driver)."""
 
 import os
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,12 +13,6 @@ from support.paths import REPO_ROOT
 
 # Debian's packages (apt-get install chromium chromium-driver; setup.sh installs them)
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager

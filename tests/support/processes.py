@@ -1,11 +1,14 @@
-"""Running code in another Python: peak memory, a fresh interpreter offline, packages made missing, writes audited."""
+"""Running code in another Python: peak memory, a fresh interpreter offline, packages made missing, writes audited,
+the nodes of one distributed run side by side; a free port."""
 
 import inspect
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 
@@ -18,6 +21,42 @@ def run_with_peak_rss(command: list[str]) -> tuple[int, str, int]:
         process.returncode = os.waitstatus_to_exitcode(status)
         stderr.seek(0)
         return process.returncode, stderr.read().decode(errors="replace"), usage.ru_maxrss * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_side_by_side(commands: list[list[str]], envs: list[dict], logs: list[Path], timeout: float) -> list[int | None]:
+    """Run `commands` at once, each with its environment and its output in its log, as the nodes of one distributed
+    run on separate machines; their exit statuses. Once one fails, or at `timeout` seconds, the others are stopped
+    (status None), which would otherwise wait for a failed node until their collective timeout: SIGTERM, on which a
+    launcher stops the workers it started (torch's elastic agent sends them SIGTERM, then SIGKILL)."""
+    processes = []
+    try:
+        for command, env, log in zip(commands, envs, logs, strict=True):
+            with open(log, "w") as stream:
+                processes.append(subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            statuses = [process.poll() for process in processes]
+            if None not in statuses or any(statuses):
+                break
+            time.sleep(0.5)
+    finally:
+        statuses = [process.poll() for process in processes]
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    return statuses
 
 
 def run_python(code: str, hf_home, package_importable: bool = False) -> subprocess.CompletedProcess:
@@ -96,6 +135,12 @@ def not_installed_env(folder: Path, *packages: str) -> dict:
     """The environment of a Python process in which `packages` are not installed, as far as imports tell."""
     code = f"import sys\n\n{inspect.getsource(NotInstalled)}\nsys.meta_path.insert(0, NotInstalled(*{packages!r}))\n"
     return sitecustomize_env(folder, code)
+
+
+def audited_ranks(folder: Path) -> set[str]:
+    """The RANKs of the processes `write_audit_env` recorded ("single" outside a launcher, and the launcher itself),
+    whether or not they wrote anything."""
+    return {log.name.split("-")[0] for log in folder.glob("*-*.txt")}
 
 
 def audited_writes(folder: Path) -> dict[str, list[str]]:
