@@ -89,7 +89,7 @@ def test_a_bad_row_is_named_by_file_and_line_and_leaves_no_cache(tmp_path):
     cache = tmp_path / "cache"
     with pytest.raises(InputError, match=r"train.jsonl:2501: the translation has no 'de' sentence \(it has 'en'\)$"):
         load_translation_split(train, None, None, "train", "en", "de", cache_dir=str(cache))
-    assert not [path for path in cache.rglob("*.arrow")]  # nothing half-written for a later run to take
+    assert not list(cache.rglob("*.arrow"))  # nothing half-written for a later run to take
     lines[2500] = lines[0]
     write_lines(Path(train), lines)
     assert len(load_translation_split(train, None, None, "train", "en", "de", cache_dir=str(cache))) == 3000

@@ -508,10 +508,15 @@ def test_two_processes_learn_what_one_process_accumulating_two_batches_learns(la
 
 @pytest.mark.parametrize("launch", [*TWO_PROCESSES, *ON_TWO_MACHINES])
 def test_only_the_main_process_writes_the_run(launched_runs, launch):
-    """Checkpoints, averaging, evaluation, the card and the predictions are written by rank 0, each once."""
-    output, _, writes = launched_runs[launch]
-    assert set(writes) == {"0"}, {rank: lines[:5] for rank, lines in writes.items() if rank != "0"}
-    written = writes["0"]
+    """Checkpoints, averaging, evaluation, the card and the predictions are written by rank 0, each once; the data
+    cache of each machine (its HF_DATASETS_CACHE) by the machine's first process, which the others wait for."""
+    output, other_outputs, writes = launched_runs[launch]
+    run_writes = {rank: [line for line in lines if not line.split(" ", 1)[1].startswith("datasets")]
+                  for rank, lines in writes.items()}  # fmt: skip
+    assert {rank for rank, lines in run_writes.items() if lines} == {"0"}, run_writes
+    for machine in [output.parent, *(other.parent for other in other_outputs)]:  # each its own tokenized data
+        assert any((machine / "datasets").rglob("cache-*.arrow")), machine.name
+    written = run_writes["0"]
     for path in ("README.md", "attention.png", "generated_predictions.txt", "all_results.json"):
         assert written.count(f"os.rename run/{path}") == 1, path  # write_text_atomically's final rename
     for checkpoint in ("checkpoint-10", "checkpoint-20"):
