@@ -169,15 +169,19 @@ def file_pairs(path: str, source_lang: str, target_lang: str, max_samples: int |
 
 
 def file_fingerprint(path: str, source_lang: str, target_lang: str, max_samples: int | None) -> str:
-    """What names a file's cached pairs: the file as it is now (path, size, modification time), the languages and
-    the number of pairs read. `datasets` would otherwise hash the generator's arguments, which name the file but
-    not its content, and a file edited in place would give the old pairs."""
+    """What names a file's cached pairs: the file as it is now, the languages and the number of pairs read.
+    `datasets` would otherwise hash the generator's arguments, which name the file but not its content, and a file
+    edited in place would give the old pairs."""
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")
-    status = os.stat(path)
-    named = [PAIRS_FORMAT, os.path.abspath(path), status.st_size, status.st_mtime_ns, source_lang, target_lang,
-             max_samples]  # fmt: skip
-    return hashlib.sha256(json.dumps(named).encode()).hexdigest()[:32]
+    return files_fingerprint([path], PAIRS_FORMAT, source_lang, target_lang, max_samples)
+
+
+def files_fingerprint(paths: list[str], *settings) -> str:
+    """A name for what is made from the files at `paths`, as they are now (path, size, modification time), with
+    `settings` (JSON values)."""
+    files = [[os.path.abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns] for path in paths]
+    return hashlib.sha256(json.dumps([files, *settings]).encode()).hexdigest()[:32]
 
 
 def checked_pairs(rows: dict[str, list], indices: list[int], where: str, source_lang: str, target_lang: str) -> dict:
@@ -191,13 +195,10 @@ def checked_pairs(rows: dict[str, list], indices: list[int], where: str, source_
 
 
 def dataset_fingerprint(dataset, *settings) -> str | None:
-    """A name for what is made from `dataset` with `settings` (JSON values): its Arrow files as they are now (path,
-    size, modification time), its length and the settings; None for a dataset held only in memory."""
+    """A name for what is made from `dataset` with `settings` (JSON values): its Arrow files as they are now and
+    its length; None for a dataset held only in memory."""
     files = [cache_file["filename"] for cache_file in dataset.cache_files]
-    if not files:
-        return None
-    named = [[path, os.stat(path).st_size, os.stat(path).st_mtime_ns] for path in files]
-    return hashlib.sha256(json.dumps([named, len(dataset), *settings]).encode()).hexdigest()[:32]
+    return files_fingerprint(files, len(dataset), *settings) if files else None
 
 
 def column_values(dataset, column: str, batch_size: int = 1000) -> Iterator:
