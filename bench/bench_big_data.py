@@ -10,11 +10,12 @@ that BPE (its runs then skip the vocabulary step ours takes). "Cold": an empty c
 again, on the cache the cold run left. Peak memory is the largest sum of resident memory over the command's
 process tree (sampled every 0.2 s; worker processes included; memory-mapped Arrow pages count while mapped), and of
 its anonymous part (what the processes hold themselves, file pages left out).
-`--runs ours` measures ours alone (the 20,000,000-pair corpus). Writes bench/results/big_data_<pairs>.json.
+`--runs ours` measures ours alone. Writes bench/results/big_data_<pairs>[_workers<N>].json after each start.
 """
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -44,8 +45,9 @@ def tree_memory(process: psutil.Process) -> tuple[int, int]:
         with contextlib.suppress(OSError, psutil.NoSuchProcess):  # a worker that ended since it was listed
             with open(f"/proc/{member.pid}/status") as status:
                 fields = dict(line.split(":", 1) for line in status)
-            total += int(fields["VmRSS"].split()[0]) * 1024
-            anonymous += int(fields["RssAnon"].split()[0]) * 1024
+            if "VmRSS" in fields:  # not for a process that has ended and not been waited for yet
+                total += int(fields["VmRSS"].split()[0]) * 1024
+                anonymous += int(fields["RssAnon"].split()[0]) * 1024
     return total, anonymous
 
 
@@ -87,11 +89,15 @@ def main() -> None:
     parser.add_argument("--corpus", required=True, help="Translation JSON lines (bench/make_big_corpus.py).")
     parser.add_argument("--work", required=True, help="A folder for the caches and runs (emptied first).")
     parser.add_argument("--runs", choices=["both", "ours"], default="both")
+    parser.add_argument("--starts", nargs="+", choices=["cold", "warm"], default=["cold", "warm"],
+                        help="warm alone: again on the caches an earlier cold start left in --work")  # fmt: skip
     parser.add_argument("--tokenizer_name", help="A BPE for every run (default: ours trains one, stock takes it).")
     parser.add_argument("--preprocessing_num_workers", type=int)
+    parser.add_argument("--vocab_size", default="8000", help="The BPE ours learns (the WMT 2014 recipe's: 37000).")
     args = parser.parse_args()
-    shutil.rmtree(args.work, ignore_errors=True)
-    os.makedirs(args.work)
+    if "cold" in args.starts:
+        shutil.rmtree(args.work, ignore_errors=True)
+        os.makedirs(args.work)
     with open(args.corpus, "rb") as corpus:
         pairs = sum(1 for _ in corpus)
     workers = [] if args.preprocessing_num_workers is None else ["--preprocessing_num_workers",
@@ -99,9 +105,10 @@ def main() -> None:
     common = ["--train_file", os.path.abspath(args.corpus), "--max_steps", "2", *workers]
 
     def ours(run: str) -> list[str]:
-        vocabulary = ["--tokenizer_name", args.tokenizer_name] if args.tokenizer_name else ["--vocab_size", "8000"]
+        given = args.tokenizer_name
+        vocabulary = ["--tokenizer_name", given] if given else ["--vocab_size", args.vocab_size]
         return [sys.executable, "run_translation.py", *common, "--source_lang", "en", "--target_lang", "de",
-                "--preset", "small", *vocabulary, "--cache_dir", os.path.join(args.work, "ours-cache"),
+                "--preset", "small", "--do_train", *vocabulary, "--cache_dir", os.path.join(args.work, "ours-cache"),
                 "--output_dir", os.path.join(args.work, run), "--overwrite_output_dir", "true",
                 "--use_cpu", "true", "--report_to", "none"]  # fmt: skip
 
@@ -110,20 +117,27 @@ def main() -> None:
                 "--cache_dir", os.path.join(args.work, "stock-cache"),
                 "--output_dir", os.path.join(args.work, run)]  # fmt: skip
 
-    results = {"machine": machine(), "pairs": pairs, "corpus_mib": round(os.path.getsize(args.corpus) / 2**20)}
-    tokenizer = args.tokenizer_name
-    for start in ("cold", "warm"):
+    name = f"big_data_{pairs}" + ("" if args.preprocessing_num_workers is None else
+                                  f"_workers{args.preprocessing_num_workers}")  # fmt: skip
+    results_file = os.path.join(REPO_ROOT, "bench", "results", f"{name}.json")
+    results = {}
+    if "cold" not in args.starts and os.path.isfile(results_file):
+        with open(results_file) as file:
+            results = json.load(file)
+    results.update(machine=machine(), pairs=pairs, corpus_mib=round(os.path.getsize(args.corpus) / 2**20))
+    tokenizer = args.tokenizer_name or os.path.join(args.work, "ours-cold")  # the BPE ours trains, with its model
+    for start in args.starts:
         results[f"ours_{start}"] = measured(ours(f"ours-{start}"), os.path.join(args.work, f"ours-{start}.log"))
         print("ours", start, results[f"ours_{start}"], flush=True)
         if start == "cold":
             results["ours_cache_mib"] = disk_mib(os.path.join(args.work, "ours-cache"))
-            tokenizer = tokenizer or os.path.join(args.work, "ours-cold")  # the BPE ours trained, saved with its model
         if args.runs == "both":
             results[f"stock_{start}"] = measured(stock(f"stock-{start}"), os.path.join(args.work, f"stock-{start}.log"))
             print("stock", start, results[f"stock_{start}"], flush=True)
             if start == "cold":
                 results["stock_cache_mib"] = disk_mib(os.path.join(args.work, "stock-cache"))
-    print(write_results(f"big_data_{pairs}", results))
+        write_results(name, results)  # after each start: a long run keeps what it measured
+    print(results_file)
 
 
 if __name__ == "__main__":
