@@ -63,7 +63,7 @@ def test_an_epoch_of_batches_takes_a_few_bytes_a_pair():
     """Measured with tracemalloc (numpy reports its arrays to it): building the sampler and taking an epoch's
     batches. The list-based sampler took about 170 bytes a pair (a list of Python integers and a sort key tuple
     each)."""
-    count = 300_000
+    count = 150_000
     sources, targets = np.random.default_rng(0).integers(3, 61, size=(2, count), dtype=np.int32)  # as token_counts
     tracemalloc.start()
     try:
