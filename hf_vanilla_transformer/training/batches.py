@@ -82,14 +82,6 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         for batch in batches:
             yield order[self.batch_starts[batch] : self.batch_starts[batch + 1]].tolist()
 
-    def all_batches(self, epoch: int) -> list[list[int]]:
-        """Every batch of an epoch, in the order they are taken."""
-        epoch, self.epoch = self.epoch, epoch
-        try:
-            return list(self)
-        finally:
-            self.epoch = epoch
-
     def sorted_order(self, rng: random.Random) -> np.ndarray:
         """The pairs' indices sorted by (source length, target length), ties in a random order drawn from `rng`:
         shuffled first as `random.shuffle` shuffles a list (an array of machine integers takes 8 bytes a pair where
