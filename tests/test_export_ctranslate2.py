@@ -79,7 +79,9 @@ def test_beam_scores_match_the_models_own(model_and_tokenizer, exported):
 
 def test_int8_moves_bleu_by_at_most_0_3(exported, float32):
     """On all 1,000 Multi30k test sentences. The fixture's model is barely trained (BLEU about 1), so this also asks
-    that most translations stay the same; bench/bench_ctranslate2.py measures the main job's model."""
+    that int8's translations stay close to float32's, at least 80 BLEU against them; bench/bench_ctranslate2.py
+    measures the main job's model. How close depends on the CPU's int8 kernels: 914 of the 1,000 translations stayed
+    the same on the CPU this test was first run on, 573 (87.6 BLEU against float32's) on an AVX2-only AMD EPYC."""
     pairs = multi30k_test_pairs()
     sources = [source for source, _ in pairs]
     references = [[target for _, target in pairs]]
@@ -90,8 +92,8 @@ def test_int8_moves_bleu_by_at_most_0_3(exported, float32):
     }
     scores = {name: sacrebleu.corpus_bleu(output, references).score for name, output in outputs.items()}
     assert abs(scores["int8"] - scores["float32"]) <= 0.3, scores
-    unchanged = sum(a == b for a, b in zip(outputs["int8"], outputs["float32"], strict=True))
-    assert unchanged >= 850, unchanged  # 914 of 1,000 when written
+    agreement = sacrebleu.corpus_bleu(outputs["int8"], [outputs["float32"]]).score
+    assert agreement >= 80, agreement
 
 
 def test_a_variant_ctranslate2_cannot_run_and_a_foreign_folder_are_refused(tmp_path):

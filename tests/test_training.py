@@ -421,29 +421,42 @@ def test_a_time_limit_stops_training_with_a_checkpoint_and_a_progress_bar_of_the
     assert re.fullmatch(r"Training: 100%\|█+\| 00:04 of 00:04, step=\d+, loss=\d+(\.\d+)?", bar[-1]), bar[-1]
 
 
+class SlowSteps(TrainerCallback):
+    """Makes each training step last at least `seconds`, so that a time budget holds a known most of steps."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
+
+
 def test_evaluation_during_training_does_not_count_towards_the_time_limit(tmp_path):
     def slow_metrics(prediction):
-        time.sleep(1.0)
+        time.sleep(0.5)
         return {"answer": 42.0}
 
     dataset = random_token_dataset(200, seed=1)
     model = tiny_model()
     args = TranslationTrainingArguments(
         output_dir=str(tmp_path), max_steps=100_000, max_train_minutes=0.03, per_device_train_batch_size=4,
-        logging_steps=1, eval_strategy="steps", eval_steps=20, save_strategy="no", report_to=[], use_cpu=True,
+        logging_steps=1, eval_strategy="steps", eval_steps=1, save_strategy="no", report_to=[], use_cpu=True,
         disable_tqdm=True,
     )  # fmt: skip
     trainer = TranslationTrainer(
         model=model, args=args, train_dataset=dataset, eval_dataset=random_token_dataset(8, seed=2),
         data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model), compute_metrics=slow_metrics,
+        callbacks=[SlowSteps(0.3)],
     )  # fmt: skip
     started = time.monotonic()
     trainer.train()
     wall = time.monotonic() - started
+    # an evaluation after every step, however fast the machine: the budget (1.8 s) holds 6 steps of 0.3 s at most,
+    # and at least one
     evaluations = [entry["eval_runtime"] for entry in trainer.state.log_history if "eval_answer" in entry]
-    assert evaluations and all(runtime >= 1.0 for runtime in evaluations)  # each slept a second
-    # the budget counts training alone, whatever the machine's speed: it trained until 1.8 s were spent, and the
-    # evaluations' seconds are not among them (were they counted, training and evaluations would outlast the call)
+    assert 1 <= len(evaluations) <= 7 and all(runtime >= 0.5 for runtime in evaluations)  # each slept 0.5 s
+    # the budget counts training alone: it trained until 1.8 s were spent, and the evaluations' seconds are not among
+    # them (were they counted, training and evaluations would outlast the call)
     (clock,) = [callback for callback in trainer.callback_handler.callbacks if isinstance(callback, TimeLimitCallback)]
     trained = clock.elapsed()
     assert trained >= 1.8 and trained + sum(evaluations) <= wall
