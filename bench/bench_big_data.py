@@ -8,8 +8,9 @@ first training steps (--max_steps 2): wall time, peak memory, the time each phas
 Ours first trains the 8,000-token BPE on the corpus and caches it; the stock example cannot train one, so it is given
 that BPE (its runs then skip the vocabulary step ours takes). "Cold": an empty cache; "warm": the same command
 again, on the cache the cold run left. Peak memory is the largest sum of resident memory over the command's
-process tree (sampled every 0.2 s; worker processes included; memory-mapped Arrow pages count while mapped), and of
-its anonymous part (what the processes hold themselves, file pages left out).
+process tree (sampled every 0.2 s; worker processes included; memory-mapped Arrow pages count while mapped), of
+its anonymous part (what the processes hold themselves, file pages left out), and of that part shared out among the
+processes that share it (pages a worker inherited from the run count once).
 `--runs ours` measures ours alone. Writes bench/results/big_data_<pairs>[_workers<N>].json after each start.
 """
 
@@ -37,25 +38,30 @@ PHASES = {
 }
 
 
-def tree_memory(process: psutil.Process) -> tuple[int, int]:
-    """Resident memory summed over the process tree: (all of it, the anonymous part). The rest is file pages, the
-    memory-mapped Arrow files among them, which the kernel can drop and read again."""
-    total = anonymous = 0
+def tree_memory(process: psutil.Process) -> tuple[int, int, int]:
+    """Resident memory summed over the process tree: (all of it, the anonymous part, the anonymous part shared out).
+    The rest is file pages, the memory-mapped Arrow files among them, which the kernel can drop and read again. A
+    worker process is a fork, whose anonymous pages are the parent's until either writes them: the plain sum counts
+    those twice, the proportional one (the kernel's Pss_Anon) once."""
+    total = anonymous = proportional = 0
     for member in [process, *process.children(recursive=True)]:
         with contextlib.suppress(OSError, psutil.NoSuchProcess):  # a worker that ended since it was listed
             with open(f"/proc/{member.pid}/status") as status:
                 fields = dict(line.split(":", 1) for line in status)
+            with open(f"/proc/{member.pid}/smaps_rollup") as rollup:
+                shared_out = dict(line.split(":", 1) for line in rollup if line.startswith("Pss_Anon:"))
             if "VmRSS" in fields:  # not for a process that has ended and not been waited for yet
                 total += int(fields["VmRSS"].split()[0]) * 1024
                 anonymous += int(fields["RssAnon"].split()[0]) * 1024
-    return total, anonymous
+                proportional += int(shared_out.get("Pss_Anon", "0 kB").split()[0]) * 1024
+    return total, anonymous, proportional
 
 
 def measured(command: list[str], log: str) -> dict:
     """Run `command` to its end: seconds, peak tree RSS, and when each of PHASES first showed in its output."""
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
-    watched, peak, peak_anonymous, phases = psutil.Process(process.pid), 0, 0, {}
+    watched, peaks, phases = psutil.Process(process.pid), [0, 0, 0], {}
 
     def read_output():
         with open(log, "wb") as file:
@@ -69,14 +75,14 @@ def measured(command: list[str], log: str) -> dict:
     reader = threading.Thread(target=read_output)
     reader.start()
     while process.poll() is None:
-        total, anonymous = tree_memory(watched)
-        peak, peak_anonymous = max(peak, total), max(peak_anonymous, anonymous)
+        peaks = [max(peak, now) for peak, now in zip(peaks, tree_memory(watched), strict=True)]
         time.sleep(0.2)
     reader.join()
     if process.returncode != 0:
         sys.exit(f"{' '.join(command)} failed; see {log}")
-    return {"seconds": round(time.perf_counter() - start, 1), "peak_rss_mib": round(peak / 2**20),
-            "peak_anonymous_rss_mib": round(peak_anonymous / 2**20), "phases": phases}  # fmt: skip
+    rss, anonymous, proportional = (round(peak / 2**20) for peak in peaks)
+    return {"seconds": round(time.perf_counter() - start, 1), "peak_rss_mib": rss, "peak_anonymous_rss_mib": anonymous,
+            "peak_anonymous_pss_mib": proportional, "phases": phases}  # fmt: skip
 
 
 def disk_mib(folder: str) -> int:
