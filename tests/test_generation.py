@@ -229,8 +229,8 @@ def test_evaluation_keeps_the_length_limit_of_every_batch_and_of_the_saved_model
     evaluation batch (max_length=20 among them); every later batch, and every later call, must still decode each
     sentence to its source length + 50 tokens. An untrained model never chooses </s>, so each output reaches it.
     """
-    model = tiny_model()
-    model.generation_config.update(num_beams=1, length_penalty=1.0)  # greedy: the limits are what is tested
+    model = tiny_model(encoder_layers=1, decoder_layers=1)  # a layer each: the limits are what is tested
+    model.generation_config.update(num_beams=1, length_penalty=1.0)  # greedy, likewise
     dataset = random_token_dataset(12, seed=3)
     limits = [len(ids) + 50 for ids in dataset["input_ids"]]
     seen_in_training = []
