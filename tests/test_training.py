@@ -296,7 +296,7 @@ def test_evaluation_under_bf16_runs_in_the_saved_models_precision(tmp_path):
     dataset = random_token_dataset(12, seed=7)
 
     def run(trainer_class, args_class, bf16, train=False):
-        model = tiny_model()
+        model = tiny_model(encoder_layers=1, decoder_layers=1)  # an untrained model decodes to its length limit
         dtypes = []
         model.lm_head.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
         args = args_class(output_dir=str(tmp_path), bf16=bf16, use_cpu=True, max_steps=2, learning_rate=0.0,
