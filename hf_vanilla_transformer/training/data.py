@@ -180,7 +180,8 @@ def file_fingerprint(path: str, source_lang: str, target_lang: str, max_samples:
 def files_fingerprint(paths: list[str], *settings) -> str:
     """A name for what is made from the files at `paths`, as they are now (path, size, modification time), with
     `settings` (JSON values)."""
-    files = [[os.path.abspath(path), os.stat(path).st_size, os.stat(path).st_mtime_ns] for path in paths]
+    files = [[os.path.abspath(path), status.st_size, status.st_mtime_ns] for path in paths
+             for status in [os.stat(path)]]  # fmt: skip
     return hashlib.sha256(json.dumps([files, *settings]).encode()).hexdigest()[:32]
 
 
