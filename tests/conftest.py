@@ -8,6 +8,7 @@ browser, no training subprocess, no torch.compile. `python -m pytest --slow` add
 
 import atexit
 import os
+import pickle
 import shutil
 import tempfile
 
@@ -19,6 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
+from filelock import FileLock
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from support.hub import intercepted_hub
@@ -27,8 +29,10 @@ from support.runs import CHINESE_RUN, TINY_RUN, TrainedRun
 
 atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
 
-# The tests' models are tiny: one thread runs them as fast as two, and with another job on the machine torch's two
-# threads wait on each other (a quick-tier test took 90 s instead of 10). Subprocesses keep torch's default.
+# The tests' models are tiny: one thread runs them as fast as two, and beside another busy process (the other test
+# worker: two on two cores) torch's two threads wait on each other: a quick-tier test took 90 s instead of 10, a
+# training subprocess 81 s instead of 39. So one thread, here and, through OMP_NUM_THREADS, in every subprocess.
+os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 # trained runs and what is built on them, the kill tests' and launches' runs, the demo server, a BPE on Multi30k
@@ -65,27 +69,49 @@ def padded_batch():
     }
 
 
+def built_once(tmp_path_factory, worker_id: str, name: str, build) -> TrainedRun:
+    """`build(folder)` once a session for all of pytest-xdist's workers: the first to ask builds while the others
+    wait on the lock, then they all read what it left (the pattern pytest-xdist documents for session fixtures). A
+    trained run takes a minute or two here; built in each worker, it took that again, on the same two cores."""
+    if worker_id == "master":  # no workers (`-n 0`)
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent  # the session's, above each worker's own
+    built = shared / f"{name}.pickle"
+    with FileLock(shared / f"{name}.lock"):
+        if not built.exists():
+            built.write_bytes(pickle.dumps(build(shared / name)))
+    return pickle.loads(built.read_bytes())
+
+
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory) -> TrainedRun:
+def trained_run(tmp_path_factory, worker_id) -> TrainedRun:
     """run_translation.py on a Multi30k slice (about 10 s), with --push_to_hub intercepted at the Hub boundary."""
-    import run_translation
 
-    output = tmp_path_factory.mktemp("run") / "model"
-    commits = []
-    with intercepted_hub(commits):
-        results = run_translation.main(
-            [*TINY_RUN, "--output_dir", str(output), "--push_to_hub", "true", "--hub_model_id", "someone/tiny-en-de"]
-        )
-    return TrainedRun(output, results, commits)
+    def train(folder):
+        import run_translation
+
+        output, commits = folder / "model", []
+        with intercepted_hub(commits):
+            results = run_translation.main([
+                *TINY_RUN, "--output_dir", str(output),
+                "--push_to_hub", "true", "--hub_model_id", "someone/tiny-en-de",
+            ])  # fmt: skip
+        return TrainedRun(output, results, commits)
+
+    return built_once(tmp_path_factory, worker_id, "en-de", train)
 
 
 @pytest.fixture(scope="session")
-def chinese_run(tmp_path_factory) -> TrainedRun:
+def chinese_run(tmp_path_factory, worker_id) -> TrainedRun:
     """run_translation.py English→Chinese on a Tatoeba slice (about 25 s)."""
-    import run_translation
 
-    output = tmp_path_factory.mktemp("run") / "en-zh"
-    return TrainedRun(output, run_translation.main([*CHINESE_RUN, "--output_dir", str(output)]))
+    def train(folder):
+        import run_translation
+
+        output = folder / "en-zh"
+        return TrainedRun(output, run_translation.main([*CHINESE_RUN, "--output_dir", str(output)]))
+
+    return built_once(tmp_path_factory, worker_id, "en-zh", train)
 
 
 @pytest.fixture(scope="module")

@@ -76,10 +76,9 @@ def launched_runs(tmp_path_factory) -> dict[str, Launched]:
             for node, launcher in enumerate(launchers)
         ]  # fmt: skip
         envs = [
-            {**write_audit_env(machine / "audit", machine), "HF_DATASETS_CACHE": str(machine / "datasets"),
-             "OMP_NUM_THREADS": "1"}
+            {**write_audit_env(machine / "audit", machine), "HF_DATASETS_CACHE": str(machine / "datasets")}
             for machine in machines
-        ]  # fmt: skip
+        ]
         logs = [folder / f"{machine.name}.log" for machine in machines]
         statuses = run_side_by_side(commands, envs, logs, timeout=600)
         assert statuses == [0] * len(machines), f"{name}: {statuses}\n" + "\n".join(
@@ -161,7 +160,7 @@ def test_processes_that_do_not_join_one_run_are_an_error(tmp_path):
     result = subprocess.run(
         [sys.executable, *launcher, *run, "--output_dir", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=300,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
     )  # fmt: skip
     assert result.returncode != 0
     assert "started as one of 2 processes (WORLD_SIZE=2) that did not join one distributed run" in result.stderr

@@ -49,7 +49,8 @@ FLAG_GROUPS = {
     "gradient accumulation": ["--gradient_accumulation_steps", "2"],
     "bf16 on the CPU": ["--bf16", "true"],
     "gradient checkpointing": ["--gradient_checkpointing", "true"],
-    "torch.compile": ["--torch_compile", "true"],
+    # an epoch's last, smaller batch would be a third shape to compile (its batch size)
+    "torch.compile": ["--torch_compile", "true", "--dataloader_drop_last", "true"],
     "the README's bare switches": ["--overwrite_output_dir", "--predict_with_generate"],
     "sampling from a generation config file": ["--generation_config", greedy_sampling_config],
 }  # fmt: skip

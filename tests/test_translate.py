@@ -1,16 +1,19 @@
 """The vanilla-translate command (hf_vanilla_transformer/translate.py)."""
 
+import io
 import itertools
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hf_vanilla_transformer.cli.translate import main as translate_main
 from hf_vanilla_transformer.tools.translate import load_translator, read_lines, translate_lines
 from hf_vanilla_transformer.training.data import read_translation_file
 from support.files import write_lines
@@ -28,17 +31,38 @@ def vanilla_translate(*args: str, stdin: str | bytes | None = None, **options) -
     return subprocess.run([command, *args], input=stdin, capture_output=True, timeout=300, **options)
 
 
-def test_translate_command_keeps_order_and_empty_lines(trained_run, model_and_tokenizer, tmp_path):
+@pytest.fixture
+def translate_here(capsys, monkeypatch):
+    """The command's `main` in this process, for what needs no process of its own (starting Python with torch and
+    transformers takes 10 to 15 s on a 2-core machine): `run(*args, stdin="")` gives the exit status and standard
+    error the console script would (Python prints a `sys.exit` message on standard error and exits with 1)."""
+
+    def run(*args: str, stdin: str = "") -> tuple[int, str]:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8"))
+        capsys.readouterr()
+        try:
+            translate_main(list(args))
+            status = 0
+        except SystemExit as stop:
+            if isinstance(stop.code, str):
+                print(stop.code, file=sys.stderr)
+            status = 1 if isinstance(stop.code, str) else stop.code or 0
+        return status, capsys.readouterr().err
+
+    return run
+
+
+def test_translate_command_keeps_order_and_empty_lines(trained_run, model_and_tokenizer, tmp_path, translate_here):
     lines = [SENTENCES[2], "", SENTENCES[0], "   ", SENTENCES[1]]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     files = ["--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt")]
-    result = vanilla_translate(
+    status, stderr = translate_here(
         "--model", str(trained_run.output), *files, "--num_beams", "1", "--batch_size", "2", "--dtype", "float32"
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    assert status == 0, stderr
     expected = generate_text(*model_and_tokenizer, [SENTENCES[2], SENTENCES[0], SENTENCES[1]], num_beams=1)
     assert (tmp_path / "out.txt").read_text().split("\n") == [expected[0], "", expected[1], "", expected[2], ""]
-    assert "3/3" in result.stderr  # the progress bar, on stderr
+    assert "3/3" in stderr  # the progress bar, on stderr
 
     piped = vanilla_translate("--model", str(trained_run.output), "--max_new_tokens", "3", stdin=SENTENCES[0] + "\n")
     assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 1 and piped.stdout.strip()
@@ -46,7 +70,7 @@ def test_translate_command_keeps_order_and_empty_lines(trained_run, model_and_to
     assert "seem to have been set" not in piped.stderr  # --max_new_tokens replaces the model's max_length
 
 
-def test_translate_command_writes_chinese_as_utf8_whatever_the_locale(chinese_run, tmp_path):
+def test_translate_command_writes_chinese_as_utf8_whatever_the_locale(chinese_run, tmp_path, translate_here):
     english = ["I like to eat apples.", "", "Where is the station?"]
     piped = vanilla_translate("--model", str(chinese_run.output), stdin="\n".join(english).encode("utf-8"),
                               env={**os.environ, "PYTHONIOENCODING": "ascii", "LC_ALL": "C"})  # fmt: skip
@@ -55,24 +79,20 @@ def test_translate_command_writes_chinese_as_utf8_whatever_the_locale(chinese_ru
     assert len(lines) == 4 and lines[1] == lines[3] == ""
     assert CHINESE_CHARACTER.search(lines[0]) and CHINESE_CHARACTER.search(lines[2]), lines
     (tmp_path / "in.txt").write_text("\n".join(english) + "\n", encoding="utf-8")
-    to_file = vanilla_translate("--model", str(chinese_run.output), "--input", str(tmp_path / "in.txt"),
-                                "--output", str(tmp_path / "out.txt"))  # fmt: skip
-    assert to_file.returncode == 0 and (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:3] == lines[:3]
+    status, _ = translate_here("--model", str(chinese_run.output), "--input", str(tmp_path / "in.txt"),
+                               "--output", str(tmp_path / "out.txt"))  # fmt: skip
+    assert status == 0 and (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:3] == lines[:3]
 
 
-def test_translate_command_errors(trained_run, tmp_path):
-    missing_model = vanilla_translate("--model", str(tmp_path / "nothing"), stdin="A dog.\n")
-    assert missing_model.returncode == 1
-    message = f"vanilla-translate: error: {tmp_path / 'nothing'}: not a model folder (no config.json)"
-    assert missing_model.stderr.strip() == message
-    missing_input = vanilla_translate("--model", str(trained_run.output), "--input", str(tmp_path / "none.txt"))
-    assert (
-        missing_input.returncode == 2
-        and f"argument --input: {tmp_path / 'none.txt'}: no such file" in missing_input.stderr
-    )
+def test_translate_command_errors(trained_run, tmp_path, translate_here):
+    status, stderr = translate_here("--model", str(tmp_path / "nothing"), stdin="A dog.\n")
+    assert status == 1
+    assert stderr.strip() == f"vanilla-translate: error: {tmp_path / 'nothing'}: not a model folder (no config.json)"
+    status, stderr = translate_here("--model", str(trained_run.output), "--input", str(tmp_path / "none.txt"))
+    assert status == 2 and f"argument --input: {tmp_path / 'none.txt'}: no such file" in stderr
     (tmp_path / "latin1.txt").write_bytes("Ein Männchen\n".encode("latin-1"))
-    not_utf8 = vanilla_translate("--model", str(trained_run.output), "--input", str(tmp_path / "latin1.txt"))
-    assert not_utf8.returncode == 1 and "latin1.txt:1: not UTF-8 text (invalid continuation byte" in not_utf8.stderr
+    status, stderr = translate_here("--model", str(trained_run.output), "--input", str(tmp_path / "latin1.txt"))
+    assert status == 1 and "latin1.txt:1: not UTF-8 text (invalid continuation byte" in stderr
 
 
 @pytest.fixture(scope="module")
@@ -101,39 +121,41 @@ def test_any_input_file_is_its_lines_or_one_line_naming_file_and_line(lines, bom
     assert got == [line.rstrip("\r") for line in text.split("\n")[:-1]]
 
 
-def test_binary_input_a_broken_model_and_blank_lines_end_cleanly(trained_run, tmp_path):
+def test_binary_input_a_broken_model_and_blank_lines_end_cleanly(trained_run, tmp_path, translate_here):
     output = tmp_path / "out.txt"
     binary = tmp_path / "binary.bin"
     binary.write_bytes(bytes(range(256)) * 4)  # line 2 starts after the newline (byte 11); 0x80 is its byte 118
-    result = vanilla_translate("--model", str(trained_run.output), "--input", str(binary), "--output", str(output))
-    assert result.returncode == 1 and not output.exists()
-    assert result.stderr.strip().splitlines() == [
+    status, stderr = translate_here("--model", str(trained_run.output), "--input", str(binary), "--output", str(output))
+    assert status == 1 and not output.exists()
+    assert stderr.strip().splitlines() == [
         f"vanilla-translate: error: {binary}:2: not UTF-8 text (invalid start byte at byte 118 of the line)"
     ]
     broken = tmp_path / "model"
     shutil.copytree(trained_run.output, broken)
     (broken / "model.safetensors").write_bytes((broken / "model.safetensors").read_bytes()[:1000])
-    result = vanilla_translate("--model", str(broken), "--output", str(output), stdin="A dog.\n")
-    assert result.returncode == 1 and not output.exists()
-    assert result.stderr.strip().splitlines() == [
+    status, stderr = translate_here("--model", str(broken), "--output", str(output), stdin="A dog.\n")
+    assert status == 1 and not output.exists()
+    assert stderr.strip().splitlines() == [
         f"vanilla-translate: error: {broken}/model.safetensors: not a readable safetensors file "
         "(Error while deserializing header: invalid header length)"
     ]  # fmt: skip
-    result = vanilla_translate("--model", str(trained_run.output), "--output", str(output), stdin="\n  \n\n")
-    assert result.returncode == 0 and output.read_text() == "\n\n\n"
+    status, _ = translate_here("--model", str(trained_run.output), "--output", str(output), stdin="\n  \n\n")
+    assert status == 0 and output.read_text() == "\n\n\n"
 
 
-def test_a_line_longer_than_the_model_is_translated_from_its_start_with_a_warning(trained_run, tmp_path):
+def test_a_line_longer_than_the_model_is_translated_from_its_start_with_a_warning(
+    trained_run, tmp_path, translate_here, caplog
+):
     """A 1 MB line: tokenized in full, translated from its first max_position_embeddings tokens, on its own line."""
     long_line = " ".join(["A man is sleeping."] * 50_000)
     (tmp_path / "in.txt").write_text(f"{SENTENCES[0]}\n{long_line}\n{SENTENCES[1]}\n", encoding="utf-8")
     output = tmp_path / "out.txt"
-    result = vanilla_translate("--model", str(trained_run.output), "--input", str(tmp_path / "in.txt"), "--output",
-                               str(output), "--num_beams", "1", "--max_new_tokens", "8")  # fmt: skip
-    assert result.returncode == 0, result.stderr[-2000:]
+    status, stderr = translate_here("--model", str(trained_run.output), "--input", str(tmp_path / "in.txt"),
+                                    "--output", str(output), "--num_beams", "1", "--max_new_tokens", "8")  # fmt: skip
+    assert status == 0, stderr[-2000:]
     assert (
         "1 line(s) have more tokens than the model's 1024 positions; only their first 1024 are translated (line 2)"
-        in result.stderr
+        in caplog.text
     )
     lines = output.read_text().split("\n")
     assert len(lines) == 4 and lines[3] == "" and all(lines[:3])
@@ -186,7 +208,7 @@ def test_an_interrupted_translation_leaves_no_output(trained_run, tmp_path, stop
     assert os.listdir(tmp_path) == ["in.en"]
 
 
-def test_a_ctranslate2_folder_translates_as_the_model_folder_does(trained_run, exported, tmp_path):
+def test_a_ctranslate2_folder_translates_as_the_model_folder_does(trained_run, exported, tmp_path, translate_here):
     """The same command on the export: order and empty lines kept, the progress bar, the model's decoding."""
     lines = [SENTENCES[2], "", SENTENCES[0], "   ", SENTENCES[1]]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
@@ -196,10 +218,10 @@ def test_a_ctranslate2_folder_translates_as_the_model_folder_does(trained_run, e
         ("ctranslate2", exported["float32"], ["--intra_threads", "2"]),
     ):  # float32 both
         output = tmp_path / f"{name}.txt"
-        result = vanilla_translate("--model", model, "--input", str(tmp_path / "in.txt"), "--output", str(output),
-                                   "--batch_size", "2", *options)  # fmt: skip
-        assert result.returncode == 0, result.stderr[-2000:]
-        assert "3/3" in result.stderr
+        status, stderr = translate_here("--model", model, "--input", str(tmp_path / "in.txt"), "--output",
+                                        str(output), "--batch_size", "2", *options)  # fmt: skip
+        assert status == 0, stderr[-2000:]
+        assert "3/3" in stderr
         outputs[name] = output.read_text().split("\n")
     assert outputs["ctranslate2"] == outputs["pytorch"]
     assert [bool(line) for line in outputs["ctranslate2"]] == [True, False, True, False, True, False]
