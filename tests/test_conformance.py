@@ -155,17 +155,33 @@ def test_resizing_the_vocabulary_resizes_every_table(tmp_path, tied, new_size):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_attention_implementation_gives_the_eager_result(dtype):
+    """sdpa decodes as eager does, greedy and beam search. flex_attention is compared on a forward pass and on a step
+    continued from its cache, each shape compiled for itself: on a CPU, torch 2.13's kernel compiled for
+    dynamic lengths (after its first recompilation) gets some lengths wrong, now and then, in plain torch as in
+    MarianMTModel (docs/design.md), so flex is not compared on a whole generation here."""
     eager = tiny_model(**EQUAL_HEADS).to(dtype)
     tolerance = {"atol": 1e-5, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.02}
-    for implementation in ("sdpa", "flex_attention"):
-        other = copy.deepcopy(eager)
-        other.set_attn_implementation(implementation)
-        # greedy, and before any other shape: on the CPU, torch 2.13's compiled flex kernel fails in beam search
-        # and after some shape changes, with an index out of bounds (MarianMTModel's the same)
-        assert generate(other, num_beams=1).equal(generate(eager, num_beams=1)), implementation
-        torch.testing.assert_close(forward(other).logits, forward(eager).logits, **tolerance, msg=implementation)
-        if implementation == "sdpa":
-            assert generate(other).equal(generate(eager))
+    sdpa = copy.deepcopy(eager)
+    sdpa.set_attn_implementation("sdpa")
+    torch.testing.assert_close(forward(sdpa).logits, forward(eager).logits, **tolerance)
+    for num_beams in (1, 4):
+        assert generate(sdpa, num_beams=num_beams).equal(generate(eager, num_beams=num_beams))
+
+    flex = copy.deepcopy(eager)
+    flex.set_attn_implementation("flex_attention")
+    torch.compiler.reset()  # the other dtype's kernels would count against the recompile limit
+    # one static kernel per shape; past the limit, torch would fall back to uncompiled flex: an error instead
+    with torch.compiler.config.patch(automatic_dynamic_shapes=False, fail_on_recompile_limit_hit=True):
+        first = forward(flex, decoder_input_ids=TARGETS[:, :3], use_cache=True)
+        step = forward(
+            flex,
+            encoder_outputs=(first.encoder_last_hidden_state,),
+            decoder_input_ids=TARGETS[:, 3:],
+            **{CACHE_NAME: cache_of(first)},
+        )
+    expected = forward(eager).logits
+    torch.testing.assert_close(first.logits, expected[:, :3], **tolerance)
+    torch.testing.assert_close(step.logits, expected[:, 3:], **tolerance)
 
 
 def test_head_dim_is_filled_in_as_transformers_configs_do():
