@@ -5,7 +5,7 @@ import importlib
 
 from hf_vanilla_transformer.errors import one_line
 
-EXTRAS = {"ctranslate2": "fast", "matplotlib": "pictures"}
+EXTRAS = {"ctranslate2": "fast", "matplotlib": "pictures", "onnx": "onnx", "onnxruntime": "onnx", "onnxscript": "onnx"}
 
 
 def missing_package(package: str, purpose: str) -> str:

@@ -1,0 +1,89 @@
+"""Greedy translation with ONNX Runtime from a folder written by `vanilla-export-onnx` (tools/export_onnx.py).
+
+transformers has no ONNX Runtime model for version 5 (optimum's `ORTModelForSeq2SeqLM` requires transformers < 4.58),
+so this is the small loop such a model runs: encode once, then one decoder step per token, the decoder's keys and
+values handed back as its past. It decodes as `generate(num_beams=1)` does, Section 6.1's per-sentence limit
+included (source length + the folder's `max_new_tokens_over_source`, `</s>` forced as the last allowed token).
+"""
+
+import os
+
+import numpy as np
+from transformers import GenerationConfig, MarianConfig
+
+from hf_vanilla_transformer.extras import require
+from hf_vanilla_transformer.loading import load_tokenizer
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
+from hf_vanilla_transformer.tools.export_onnx import ONNX_FOLDER, QUANTIZED, graph_names
+
+
+def is_onnx_folder(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, ONNX_FOLDER, "decoder_model_merged.onnx"))
+
+
+class OnnxTranslator:
+    """The folder's graphs in ONNX Runtime sessions on the CPU (`quantized`: the int8 ones), `threads` threads
+    each (None: ONNX Runtime's default, every core)."""
+
+    batches_per_call = 1
+
+    def __init__(self, model_path: str, quantized: bool = False, threads: int | None = None):
+        onnxruntime = require("onnxruntime", "translating an ONNX folder")
+        options = onnxruntime.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        suffix = QUANTIZED if quantized else ""
+
+        def session(graph: str):
+            path = os.path.join(model_path, ONNX_FOLDER, f"{graph}{suffix}.onnx")
+            return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+        self.encoder, self.decoder = session("encoder_model"), session("decoder_model_merged")
+        self.tokenizer = load_tokenizer(model_path)
+        self.config = MarianConfig.from_pretrained(model_path)
+        generation = GenerationConfig.from_pretrained(model_path)
+        self.max_positions = generation.max_length or self.config.max_position_embeddings
+        self.new_tokens_over_source = source_length_margin(generation)
+        self.past_names, self.output_names = graph_names(self.config.decoder_layers)
+        self.past_names = self.past_names[3:]
+
+    def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int | None = None):
+        """Greedy decoding of a padded batch: the generated ids of each sentence, `</s>` included where reached.
+        Each sentence ends by its own limit, `</s>` forced as its last allowed token; `max_new_tokens` replaces that
+        limit by a plain cut, as in `generate()`."""
+        config = self.config
+        if max_new_tokens is None and self.new_tokens_over_source is not None:
+            limits = attention_mask.sum(-1) + self.new_tokens_over_source
+        else:
+            limits = np.full(len(input_ids), self.max_positions)
+        limits = np.minimum(limits, self.max_positions - 1)
+        longest = int(limits.max()) if max_new_tokens is None else min(max_new_tokens, int(limits.max()))
+        (hidden,) = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})
+        heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+        past = {name: np.zeros((len(input_ids), heads, 0, head_dim), np.float32) for name in self.past_names}
+        step = np.full((len(input_ids), 1), config.decoder_start_token_id, dtype=np.int64)
+        generated, done = [], np.zeros(len(input_ids), dtype=bool)
+        while not done.all() and len(generated) < longest:
+            outputs = self.decoder.run(
+                self.output_names[: 1 + len(self.past_names)],
+                {"input_ids": step, "encoder_attention_mask": attention_mask, "encoder_hidden_states": hidden, **past},
+            )
+            tokens = outputs[0][:, -1].argmax(-1)
+            tokens = np.where(len(generated) >= limits - 1, config.eos_token_id, tokens)  # the last allowed token
+            tokens = np.where(done, config.pad_token_id, tokens)
+            generated.append(tokens)
+            done |= tokens == config.eos_token_id
+            step = tokens[:, None]
+            past = dict(zip(self.past_names, outputs[1:], strict=True))
+        return np.stack(generated, axis=1)
+
+    def translate(self, sentences: list[str], batch_size: int, max_new_tokens: int | None = None) -> list[str]:
+        translations = []
+        for start in range(0, len(sentences), batch_size):
+            batch = self.tokenizer(
+                sentences[start : start + batch_size], truncation=True, max_length=self.max_positions,
+                padding=True, return_tensors="np",
+            )  # fmt: skip
+            ids = self.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens)
+            translations += self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return translations
