@@ -51,14 +51,18 @@ def served_demo(command: list[str], log_path: Path, start_timeout: float = 120):
 
 
 @contextmanager
-def headless_chromium(width: int = 1280, height: int = 1600, timeout: float = 90):
-    """A real Chromium without a display, driven through Selenium; quit when the block ends."""
+def headless_chromium(width: int = 1280, height: int = 1600, timeout: float = 90, offline: bool = False):
+    """A real Chromium without a display, driven through Selenium; quit when the block ends. `offline`: every host
+    name but 127.0.0.1 fails to resolve, so a page that fetches from anywhere else fails."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
+    arguments = ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"]
+    if offline:
+        arguments.append("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1")
+    for argument in arguments:
         options.add_argument(argument)
     browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
