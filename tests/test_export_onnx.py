@@ -70,7 +70,7 @@ def test_onnx_runtime_decodes_as_generate_greedy_each_sentence_to_its_limit(expo
     with torch.no_grad():
         expected = model.generate(
             **{name: torch.from_numpy(value) for name, value in batch.items()}, num_beams=1,
-            **({"max_new_tokens": max_new_tokens, "max_new_tokens_over_source": None} if max_new_tokens else {}),
+            **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}),
         )[:, 1:]  # fmt: skip
     assert generated.tolist() == expected.tolist()
     lengths = (generated != 1).sum(-1)  # each sentence ends, with </s>, at its own source length + 50

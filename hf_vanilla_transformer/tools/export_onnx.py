@@ -197,8 +197,8 @@ def usage(margin: int | None) -> Callable[[str, str], str]:
 
     def section(model_id: str, example: str) -> str:
         limit = (
-            f"The source model ends each sentence by its source length + {margin} tokens (Section 6.1); pass that as "
-            "`max_new_tokens`, as below, sentence by sentence."
+            f"The source model ends each sentence by its source length + {margin} tokens, `</s>` included (Section "
+            "6.1); pass one fewer as `max_new_tokens`, as above, sentence by sentence."
             if margin is not None
             else "Pass `max_new_tokens` to bound a translation."
         )
@@ -214,7 +214,7 @@ import {{ AutoTokenizer, AutoModelForSeq2SeqLM }} from "@huggingface/transformer
 const tokenizer = await AutoTokenizer.from_pretrained("{model_id}");
 const model = await AutoModelForSeq2SeqLM.from_pretrained("{model_id}", {{ dtype: "fp32" }});
 const inputs = tokenizer("{example}");
-const output = await model.generate({{ ...inputs, max_new_tokens: inputs.input_ids.dims[1] + {margin or 50} }});
+const output = await model.generate({{ ...inputs, max_new_tokens: inputs.input_ids.dims[1] + {(margin or 50) - 1} }});
 console.log(tokenizer.decode(output[0], {{ skip_special_tokens: true }}));
 ```
 

@@ -49,15 +49,14 @@ class OnnxTranslator:
 
     def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int | None = None):
         """Greedy decoding of a padded batch: the generated ids of each sentence, `</s>` included where reached.
-        Each sentence ends by its own limit, `</s>` forced as its last allowed token; `max_new_tokens` replaces that
-        limit by a plain cut, as in `generate()`."""
+        Each sentence ends by its own limit, `</s>` forced as its last allowed token; `max_new_tokens` cuts every
+        sentence there as well, whichever comes first, as in `generate()`."""
         config = self.config
-        if max_new_tokens is None and self.new_tokens_over_source is not None:
-            limits = attention_mask.sum(-1) + self.new_tokens_over_source
-        else:
-            limits = np.full(len(input_ids), self.max_positions)
-        limits = np.minimum(limits, self.max_positions - 1)
-        longest = int(limits.max()) if max_new_tokens is None else min(max_new_tokens, int(limits.max()))
+        longest = self.max_positions - 1  # the positions, the decoder's start token taken
+        limits = np.full(len(input_ids), longest + 1)  # no sentence's own limit: never forced
+        if self.new_tokens_over_source is not None:
+            limits = np.minimum(attention_mask.sum(-1) + self.new_tokens_over_source, longest)
+        longest = min(longest, int(limits.max()), max_new_tokens or longest)
         (hidden,) = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})
         heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
         past = {name: np.zeros((len(input_ids), heads, 0, head_dim), np.float32) for name in self.past_names}
