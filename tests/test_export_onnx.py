@@ -50,7 +50,7 @@ def test_the_graphs_compute_our_logits_step_by_step_from_their_own_past(exported
         outputs = translator.decoder.run(
             None,
             {"input_ids": targets[:, position : position + 1], "encoder_attention_mask": batch["attention_mask"],
-             "encoder_hidden_states": hidden, **past},
+             "encoder_hidden_states": hidden, "use_cache_branch": np.array([position > 0]), **past},
         )  # fmt: skip
         np.testing.assert_allclose(outputs[0][:, 0], expected[:, position], atol=1e-4, rtol=0, err_msg=str(position))
         past = dict(zip(translator.past_names, outputs[1:], strict=False))
@@ -86,6 +86,11 @@ def test_the_int8_graphs_decode_close_to_float32(exported_pair):
     (hidden32,), (hidden8,) = (translator.encoder.run(None, dict(batch)) for translator in (float32, int8))
     assert not np.array_equal(hidden8, hidden32) and np.corrcoef(hidden8.ravel(), hidden32.ravel())[0, 1] > 0.95
     assert int8.generate(batch["input_ids"], batch["attention_mask"], 5).shape == (4, 5)
+    # the decoder's weights are int8, stored once for both branches of its If
+    decoder = onnx.load(str(folder / "onnx" / "decoder_model_merged_quantized.onnx"))
+    shared_types = {constant.data_type for constant in decoder.graph.initializer}
+    assert onnx.TensorProto.INT8 in shared_types and (folder / "onnx" / "decoder_model_merged_quantized.onnx").stat(
+    ).st_size < (folder / "onnx" / "decoder_model_merged.onnx").stat().st_size  # fmt: skip
 
 
 def test_the_folder_is_a_marian_model_in_the_layout_transformers_js_reads(exported_pair):
@@ -108,9 +113,16 @@ def test_the_folder_is_a_marian_model_in_the_layout_transformers_js_reads(export
     inputs = {value.name: dims(value) for value in decoder.graph.input}
     # transformers.js builds the first step's empty past from these: batch_size resolved, other names 0
     assert inputs["past_key_values.2.decoder.key"] == ["batch_size", 2, "past_sequence_length", 16]
-    assert inputs["input_ids"] == ["batch_size", 1] and "use_cache_branch" not in inputs
+    assert inputs["past_key_values.2.encoder.key"] == ["batch_size", 2, "encoder_past_sequence_length", 16]
+    assert inputs["input_ids"] == ["batch_size", 1] and inputs["use_cache_branch"] == [1]
     outputs = [value.name for value in decoder.graph.output]
     assert outputs[:2] == ["logits", "present.0.decoder.key"] and outputs[-1] == "cross_attentions.2"
+    # one If, its first step computing the cross-attention's keys and values, the later steps reading them
+    (branch,) = decoder.graph.node
+    then_branch, else_branch = (attribute.g for attribute in branch.attribute)
+    read = {graph.name: {value for node in graph.node for value in node.input} for graph in (then_branch, else_branch)}
+    assert branch.op_type == "If" and "encoder_hidden_states" in read["first_step"]
+    assert "encoder_hidden_states" not in read["with_past"] and "past_key_values.2.encoder.value" in read["with_past"]
     card = (folder / "README.md").read_text()
     assert "Greedy decoding only" in card and "max_new_tokens" in card
 

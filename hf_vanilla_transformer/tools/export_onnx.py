@@ -10,14 +10,14 @@ compute), so the folder is a Marian model to every tool that reads it: `config.j
     onnx/decoder_model_merged.onnx        one decoding step, below
     onnx/*_quantized.onnx                 the same, int8 weights (onnxruntime's dynamic quantization)
 
-The decoder takes `input_ids` (the step's token), `encoder_hidden_states`, `encoder_attention_mask` and, per layer,
-`past_key_values.{i}.decoder.{key,value}` (length 0 at the first step), and returns `logits`,
-`present.{i}.decoder.*` and `present.{i}.encoder.*` (the cross-attention's keys and values) and
-`cross_attentions.{i}`, the weights each layer's encoder-decoder attention gave the source (what the browser page
-draws). It has no `past_key_values.{i}.encoder.*` inputs: it computes the cross-attention's keys and values from
-`encoder_hidden_states` at each step. optimum's merged decoders reuse them behind an `If` on `use_cache_branch`;
-one graph without the branch is simpler to export and to check, and costs two source-length matrix products per
-layer and step. transformers.js feeds only the inputs a graph declares, so it runs either form.
+The decoder takes `input_ids` (the step's token), `encoder_hidden_states`, `encoder_attention_mask`, per layer
+`past_key_values.{i}.decoder.{key,value}` and `past_key_values.{i}.encoder.{key,value}`, and `use_cache_branch`,
+and returns `logits`, `present.{i}.decoder.*`, `present.{i}.encoder.*` and `cross_attentions.{i}`, the weights each
+layer's encoder-decoder attention gave the source (what the browser page draws). It is two graphs behind an `If` on
+`use_cache_branch`, as optimum merges its decoders: the first step (the past empty, `use_cache_branch` false)
+computes the cross-attention's keys and values from the encoder output; every later step takes them back as its
+past, with the self-attention's. torch's exporter writes each graph (`torch.onnx.export(dynamo=True)`);
+`merge_decoders` joins them, storing each weight both use once.
 
 What the folder cannot carry: beam search (transformers.js decodes greedily, so the generation config written here
 is greedy; the source model's beam settings are in its card) and the per-sentence length limit (Section 6.1: source
@@ -26,7 +26,9 @@ from the generation config, where it stays).
 Needs the [onnx] extra. Written to a temporary folder and renamed when complete.
 """
 
+import hashlib
 import os
+import tempfile
 from collections.abc import Callable
 
 import torch
@@ -40,7 +42,6 @@ from hf_vanilla_transformer.tools.card import write_export_card
 from hf_vanilla_transformer.tools.export_marian import marian_model
 
 ONNX_FOLDER = "onnx"
-GRAPHS = ("encoder_model", "decoder_model_merged")
 QUANTIZED = "_quantized"  # transformers.js's suffix for int8 files (its dtype "q8")
 # the symbolic dimensions' names: transformers.js fills a graph's empty past from its input metadata, resolving
 # `batch_size` and taking every other named dimension as 0
@@ -60,14 +61,17 @@ class EncoderGraph(torch.nn.Module):
 
 class DecoderStepGraph(torch.nn.Module):
     """One decoding step on flat tensors: the cache objects of transformers are built inside the graph from the
-    past keys and values, and taken apart again on the way out."""
+    past keys and values (none at the first step), and taken apart again on the way out."""
 
     def __init__(self, marian):
         super().__init__()
         self.marian = marian
 
-    def forward(self, input_ids, encoder_attention_mask, encoder_hidden_states, past):
-        cache = EncoderDecoderCache(DynamicCache([tuple(layer) for layer in past]), DynamicCache())
+    def forward(self, input_ids, encoder_attention_mask, encoder_hidden_states, past=(), cross_past=()):
+        cache = EncoderDecoderCache(
+            DynamicCache([tuple(layer) for layer in past]) if past else DynamicCache(),
+            DynamicCache([tuple(layer) for layer in cross_past]) if cross_past else DynamicCache(),
+        )
         output = self.marian(
             encoder_outputs=(encoder_hidden_states,),
             attention_mask=encoder_attention_mask,
@@ -86,21 +90,25 @@ class DecoderStepGraph(torch.nn.Module):
         return output.logits, *present, *output.cross_attentions
 
 
-def graph_names(layers: int) -> tuple[list[str], list[str]]:
-    """The decoder graph's input and output names, in transformers.js's (and optimum's) naming."""
-    kinds = ("key", "value")
-    inputs = ["input_ids", "encoder_attention_mask", "encoder_hidden_states"]
-    inputs += [f"past_key_values.{i}.decoder.{kind}" for i in range(layers) for kind in kinds]
-    outputs = ["logits"]
-    for stack in ("decoder", "encoder"):
-        outputs += [f"present.{i}.{stack}.{kind}" for i in range(layers) for kind in kinds]
-    outputs += [f"cross_attentions.{i}" for i in range(layers)]
-    return inputs, outputs
+def past_names(layers: int) -> list[str]:
+    """The decoder's past inputs, self-attention's then cross-attention's, in transformers.js's naming."""
+    return [
+        f"past_key_values.{i}.{stack}.{kind}"
+        for stack in ("decoder", "encoder")
+        for i in range(layers)
+        for kind in ("key", "value")
+    ]
+
+
+def output_names(layers: int) -> list[str]:
+    """The decoder's outputs: the logits, the presents in the order of `past_names`, each layer's cross-attention."""
+    presents = [name.replace("past_key_values", "present") for name in past_names(layers)]
+    return ["logits", *presents, *(f"cross_attentions.{i}" for i in range(layers))]
 
 
 def export_graphs(marian, folder: str) -> None:
-    """Write the encoder and decoder graphs of `marian` into `folder`. The example inputs have a batch of 2, a
-    padded source and a past of 3 tokens: torch.export specialises dimensions of size 0 or 1."""
+    """Write the encoder and decoder graphs of `marian` into `folder`, and their int8 copies. The example inputs
+    have a batch of 2, a padded source and a past of 3 tokens: torch.export specialises dimensions of size 0 or 1."""
     require("onnxscript", "Exporting to ONNX")
     marian.set_attn_implementation("eager")  # the attention weights are outputs
     config = marian.config
@@ -122,39 +130,118 @@ def export_graphs(marian, folder: str) -> None:
             external_data=False,  # one file a graph, as transformers.js loads by default (under 2 GB)
         )
         heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+        layers = config.decoder_layers
         # a tensor each: the exporter would take one tensor passed twice for one input
-        past = [[torch.randn(2, heads, 3, head_dim) for _ in range(2)] for _ in range(config.decoder_layers)]
+        past, cross_past = ([[torch.randn(2, heads, length, head_dim) for _ in range(2)] for _ in range(layers)]
+                            for length in (3, input_ids.shape[1]))  # fmt: skip
         step = torch.full((2, 1), config.decoder_start_token_id)
-        input_names, output_names = graph_names(config.decoder_layers)
-        torch.onnx.export(
+        decoder, inputs = (
             DecoderStepGraph(marian).eval(),
-            (step, attention_mask, hidden, past),
-            os.path.join(folder, "decoder_model_merged.onnx"),
-            input_names=input_names,
-            output_names=output_names,
-            dynamic_shapes=(
-                {0: batch},
-                {0: batch, 1: source},
-                {0: batch, 1: source},
-                [[{0: batch, 2: past_length}] * 2] * config.decoder_layers,
-            ),
-            dynamo=True,
-            external_data=False,
+            ["input_ids", "encoder_attention_mask", "encoder_hidden_states"],
         )
+        first_shapes = ({0: batch}, {0: batch, 1: source}, {0: batch, 1: source})
+        with tempfile.TemporaryDirectory(dir=folder) as graphs:
+            first, later = os.path.join(graphs, "first_step.onnx"), os.path.join(graphs, "with_past.onnx")
+            torch.onnx.export(
+                decoder, (step, attention_mask, hidden), first, input_names=inputs,
+                output_names=output_names(layers), dynamic_shapes=first_shapes, dynamo=True, external_data=False,
+            )  # fmt: skip
+            torch.onnx.export(
+                decoder, (step, attention_mask, hidden, past, cross_past), later,
+                input_names=inputs + past_names(layers), output_names=output_names(layers),
+                dynamic_shapes=(*first_shapes, [[{0: batch, 2: past_length}] * 2] * layers,
+                                [[{0: batch, 2: source}] * 2] * layers),
+                dynamo=True, external_data=False,
+            )  # fmt: skip
+            merge_decoders(first, later, os.path.join(folder, "decoder_model_merged.onnx"))
+
+            # the branches are quantized before they are joined: the quantizer leaves alone the weights a branch
+            # reads from the graph around it
+            def int8(path: str) -> str:
+                return f"{os.path.splitext(path)[0]}{QUANTIZED}.onnx"
+
+            for graph in (os.path.join(folder, "encoder_model.onnx"), first, later):
+                quantize(graph, int8(graph))
+            merge_decoders(
+                int8(first), int8(later), int8(os.path.join(folder, "decoder_model_merged.onnx"))
+            )  # fmt: skip
 
 
-def quantize(folder: str) -> None:
-    """int8 copies of the graphs: weights quantized ahead, activations at run time (onnxruntime's dynamic
+def merge_decoders(first_step_path: str, with_past_path: str, output_path: str) -> None:
+    """One decoder graph from the first step's and the later steps': an `If` on `use_cache_branch` with each as a
+    branch. The inputs are the later steps' (the first step's are among them); the cross-attention's past gets a
+    length of its own name, since it is empty at the first step. Each constant both graphs hold (the weights, and
+    the exporter's transposes of them, under names of its own) is stored once, outside the branches."""
+    onnx = require("onnx", "Exporting to ONNX")
+    first, later = onnx.load(first_step_path), onnx.load(with_past_path)
+    shared = {}
+    first_constants = {constant_key(onnx, constant) for constant in first.graph.initializer}
+    for constant in later.graph.initializer:
+        key = constant_key(onnx, constant)
+        if key in first_constants and key not in shared:
+            shared[key] = onnx.TensorProto()
+            shared[key].CopyFrom(constant)
+            shared[key].name = f"shared_{len(shared)}"
+    outputs = []
+    for value in later.graph.output:
+        output = onnx.ValueInfoProto()
+        output.CopyFrom(value)
+        if value.name.startswith("present.") and ".decoder." in value.name:  # 1 at the first step, past + 1 later
+            output.type.tensor_type.shape.dim[2].dim_param = "present_sequence_length"
+        outputs.append(output)
+    inputs = list(later.graph.input)
+    for value in inputs:
+        if value.name.startswith("past_key_values.") and ".encoder." in value.name:
+            value.type.tensor_type.shape.dim[2].dim_param = "encoder_past_sequence_length"
+    inputs.append(onnx.helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1]))
+    branch = onnx.helper.make_node(
+        "If", ["use_cache_branch"], [output.name for output in outputs],
+        then_branch=branch_graph(onnx, later, "with_past", shared),
+        else_branch=branch_graph(onnx, first, "first_step", shared),
+    )  # fmt: skip
+    graph = onnx.helper.make_graph([branch], "decoder_model_merged", inputs, outputs, list(shared.values()))
+    functions = {(function.domain, function.name): function for function in [*first.functions, *later.functions]}
+    merged = onnx.helper.make_model(
+        graph, opset_imports=later.opset_import, functions=list(functions.values()), ir_version=later.ir_version
+    )
+    onnx.checker.check_model(merged)
+    onnx.save(merged, output_path)
+
+
+def constant_key(onnx, constant) -> tuple:
+    """A constant by its content, whatever its name."""
+    values = onnx.numpy_helper.to_array(constant)
+    return constant.data_type, tuple(constant.dims), hashlib.sha256(values.tobytes()).hexdigest()
+
+
+def branch_graph(onnx, model, name: str, shared: dict):
+    """`model`'s graph as a branch of the `If`: no inputs of its own (it reads the outer graph's by name), its
+    outputs renamed (a branch may not reuse the names of the `If`'s outputs) and its shared constants read from
+    the outer graph."""
+    graph = model.graph
+    renamed = {output.name: f"{name}.{output.name}" for output in graph.output}
+    kept = []
+    for constant in graph.initializer:
+        key = constant_key(onnx, constant)
+        if key in shared:
+            renamed[constant.name] = shared[key].name
+        else:
+            kept.append(constant)
+    for node in graph.node:
+        node.input[:] = [renamed.get(value, value) for value in node.input]
+        node.output[:] = [renamed.get(value, value) for value in node.output]
+    for value in [*graph.value_info, *graph.output]:
+        value.name = renamed.get(value.name, value.name)
+    return onnx.helper.make_graph(list(graph.node), name, [], list(graph.output), kept, value_info=graph.value_info)
+
+
+def quantize(graph: str, quantized: str) -> None:
+    """An int8 copy of a graph: weights quantized ahead, activations at run time (onnxruntime's dynamic
     quantization, as transformers.js's own conversion script does)."""
     require("onnxruntime", "Quantizing an ONNX export")
     from onnxruntime import quantization
 
-    for graph in GRAPHS:
-        quantization.quantize_dynamic(
-            os.path.join(folder, f"{graph}.onnx"),
-            os.path.join(folder, f"{graph}{QUANTIZED}.onnx"),
-            weight_type=quantization.QuantType.QInt8,
-        )
+    quantization.quantize_dynamic(graph, quantized, weight_type=quantization.QuantType.QInt8)
 
 
 def greedy_generation_config(generation_config: GenerationConfig) -> GenerationConfig:
@@ -182,7 +269,6 @@ def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False)
         graphs = os.path.join(staging, ONNX_FOLDER)
         os.makedirs(graphs)
         export_graphs(marian, graphs)
-        quantize(graphs)
         marian.config.save_pretrained(staging)
         greedy_generation_config(model.generation_config).save_pretrained(staging)
         tokenizer.save_pretrained(staging)

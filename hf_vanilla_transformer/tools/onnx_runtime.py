@@ -14,7 +14,7 @@ from transformers import GenerationConfig, MarianConfig
 from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.loading import load_tokenizer
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
-from hf_vanilla_transformer.tools.export_onnx import ONNX_FOLDER, QUANTIZED, graph_names
+from hf_vanilla_transformer.tools.export_onnx import ONNX_FOLDER, QUANTIZED, output_names, past_names
 
 
 def is_onnx_folder(path: str) -> bool:
@@ -44,8 +44,8 @@ class OnnxTranslator:
         generation = GenerationConfig.from_pretrained(model_path)
         self.max_positions = generation.max_length or self.config.max_position_embeddings
         self.new_tokens_over_source = source_length_margin(generation)
-        self.past_names, self.output_names = graph_names(self.config.decoder_layers)
-        self.past_names = self.past_names[3:]
+        self.past_names = past_names(self.config.decoder_layers)
+        self.present_names = output_names(self.config.decoder_layers)[1 : 1 + len(self.past_names)]
 
     def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, max_new_tokens: int | None = None):
         """Greedy decoding of a padded batch: the generated ids of each sentence, `</s>` included where reached.
@@ -63,17 +63,18 @@ class OnnxTranslator:
         step = np.full((len(input_ids), 1), config.decoder_start_token_id, dtype=np.int64)
         generated, done = [], np.zeros(len(input_ids), dtype=bool)
         while not done.all() and len(generated) < longest:
-            outputs = self.decoder.run(
-                self.output_names[: 1 + len(self.past_names)],
-                {"input_ids": step, "encoder_attention_mask": attention_mask, "encoder_hidden_states": hidden, **past},
-            )
-            tokens = outputs[0][:, -1].argmax(-1)
+            logits, *presents = self.decoder.run(
+                ["logits", *self.present_names],
+                {"input_ids": step, "encoder_attention_mask": attention_mask, "encoder_hidden_states": hidden,
+                 "use_cache_branch": np.array([bool(generated)]), **past},
+            )  # fmt: skip
+            tokens = logits[:, -1].argmax(-1)
             tokens = np.where(len(generated) >= limits - 1, config.eos_token_id, tokens)  # the last allowed token
             tokens = np.where(done, config.pad_token_id, tokens)
             generated.append(tokens)
             done |= tokens == config.eos_token_id
             step = tokens[:, None]
-            past = dict(zip(self.past_names, outputs[1:], strict=True))
+            past = dict(zip(self.past_names, presents, strict=True))
         return np.stack(generated, axis=1)
 
     def translate(self, sentences: list[str], batch_size: int, max_new_tokens: int | None = None) -> list[str]:
