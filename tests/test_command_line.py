@@ -17,6 +17,7 @@ import torch
 from hf_vanilla_transformer.cli.attention import main as attention_main
 from hf_vanilla_transformer.cli.export_ctranslate2 import main as export_ctranslate2_main
 from hf_vanilla_transformer.cli.export_marian import main as export_marian_main
+from hf_vanilla_transformer.cli.export_onnx import main as export_onnx_main
 from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
 from hf_vanilla_transformer.cli.translate import main as translate_main
 from support.processes import NotInstalled, not_installed_env
@@ -26,6 +27,7 @@ COMMANDS = {
     "vanilla-attention": attention_main,
     "vanilla-export-ctranslate2": export_ctranslate2_main,
     "vanilla-export-marian": export_marian_main,
+    "vanilla-export-onnx": export_onnx_main,
     "vanilla-push-to-hub": push_to_hub_main,
 }
 
@@ -45,6 +47,7 @@ def work(tmp_path, monkeypatch) -> dict:
         "vanilla-attention": ["--model", "model", "--source", "a b", "--output_dir", "out"],
         "vanilla-export-ctranslate2": ["--model", "model", "--output_dir", "out"],
         "vanilla-export-marian": ["--model", "model", "--output_dir", "out"],
+        "vanilla-export-onnx": ["--model", "model", "--output_dir", "out"],
         "vanilla-push-to-hub": ["--model", "model", "--repo_id", "someone/tiny"],
     }
 
@@ -167,7 +170,9 @@ def test_an_option_for_the_other_kind_of_folder_or_that_the_device_lacks_is_one_
     assert files_under(tmp_path) == before
 
 
-@pytest.mark.parametrize("command", ["vanilla-attention", "vanilla-export-ctranslate2", "vanilla-export-marian"])
+@pytest.mark.parametrize(
+    "command", ["vanilla-attention", "vanilla-export-ctranslate2", "vanilla-export-marian", "vanilla-export-onnx"]
+)
 @pytest.mark.parametrize("output_dir", ["model", ".", "{tmp}"])
 def test_an_output_dir_that_is_or_holds_the_model_is_refused_even_with_overwrite(work, tmp_path, capsys, command,
                                                                                  output_dir):  # fmt: skip
@@ -184,6 +189,7 @@ EXTRAS_MISSING = [
     ("vanilla-translate", ["--model", "ct2"], "ctranslate2", "translating a CTranslate2 folder", "fast"),
     ("vanilla-attention", [], "matplotlib", "drawing attention pictures", "pictures"),
     ("vanilla-export-ctranslate2", [], "ctranslate2", "exporting to CTranslate2", "fast"),
+    ("vanilla-export-onnx", [], "onnx", "exporting to ONNX", "onnx"),
 ]
 
 

@@ -109,7 +109,7 @@ def output_names(layers: int) -> list[str]:
 def export_graphs(marian, folder: str) -> None:
     """Write the encoder and decoder graphs of `marian` into `folder`, and their int8 copies. The example inputs
     have a batch of 2, a padded source and a past of 3 tokens: torch.export specialises dimensions of size 0 or 1."""
-    require("onnxscript", "Exporting to ONNX")
+    require("onnxscript", "exporting to ONNX")
     marian.set_attn_implementation("eager")  # the attention weights are outputs
     config = marian.config
     batch, source, past_length = (torch.export.Dim(name) for name in (BATCH, SOURCE, PAST))
@@ -127,6 +127,7 @@ def export_graphs(marian, folder: str) -> None:
             output_names=["last_hidden_state"],
             dynamic_shapes=({0: batch, 1: source}, {0: batch, 1: source}),
             dynamo=True,
+            verbose=False,
             external_data=False,  # one file a graph, as transformers.js loads by default (under 2 GB)
         )
         heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
@@ -143,15 +144,15 @@ def export_graphs(marian, folder: str) -> None:
         with tempfile.TemporaryDirectory(dir=folder) as graphs:
             first, later = os.path.join(graphs, "first_step.onnx"), os.path.join(graphs, "with_past.onnx")
             torch.onnx.export(
-                decoder, (step, attention_mask, hidden), first, input_names=inputs,
-                output_names=output_names(layers), dynamic_shapes=first_shapes, dynamo=True, external_data=False,
+                decoder, (step, attention_mask, hidden), first, input_names=inputs, output_names=output_names(layers),
+                dynamic_shapes=first_shapes, dynamo=True, verbose=False, external_data=False,
             )  # fmt: skip
             torch.onnx.export(
                 decoder, (step, attention_mask, hidden, past, cross_past), later,
                 input_names=inputs + past_names(layers), output_names=output_names(layers),
                 dynamic_shapes=(*first_shapes, [[{0: batch, 2: past_length}] * 2] * layers,
                                 [[{0: batch, 2: source}] * 2] * layers),
-                dynamo=True, external_data=False,
+                dynamo=True, verbose=False, external_data=False,
             )  # fmt: skip
             merge_decoders(first, later, os.path.join(folder, "decoder_model_merged.onnx"))
 
@@ -172,7 +173,7 @@ def merge_decoders(first_step_path: str, with_past_path: str, output_path: str) 
     branch. The inputs are the later steps' (the first step's are among them); the cross-attention's past gets a
     length of its own name, since it is empty at the first step. Each constant both graphs hold (the weights, and
     the exporter's transposes of them, under names of its own) is stored once, outside the branches."""
-    onnx = require("onnx", "Exporting to ONNX")
+    onnx = require("onnx", "exporting to ONNX")
     first, later = onnx.load(first_step_path), onnx.load(with_past_path)
     shared = {}
     first_constants = {constant_key(onnx, constant) for constant in first.graph.initializer}
@@ -238,7 +239,7 @@ def branch_graph(onnx, model, name: str, shared: dict):
 def quantize(graph: str, quantized: str) -> None:
     """An int8 copy of a graph: weights quantized ahead, activations at run time (onnxruntime's dynamic
     quantization, as transformers.js's own conversion script does)."""
-    require("onnxruntime", "Quantizing an ONNX export")
+    require("onnxruntime", "quantizing an ONNX export")
     from onnxruntime import quantization
 
     quantization.quantize_dynamic(graph, quantized, weight_type=quantization.QuantType.QInt8)
@@ -256,7 +257,7 @@ def greedy_generation_config(generation_config: GenerationConfig) -> GenerationC
 def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False) -> str:
     """Write `model_path` (one of our model folders) as an ONNX folder at `output_dir`."""
     for package in ("onnx", "onnxruntime", "onnxscript"):
-        require(package, "Exporting to ONNX")
+        require(package, "exporting to ONNX")
     check_output_dir(output_dir, overwrite_output_dir, source=model_path)
     model, tokenizer = load_model_and_tokenizer(model_path, "cpu", dtype=torch.float32)
     if model.config.model_type != "vanilla_transformer":
