@@ -87,16 +87,8 @@ def folder_mib(path: str, names: list[str] | None = None) -> float:
     return round(sum(map(os.path.getsize, files)) / 2**20, 1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="A trained model folder (run_translation.py).")
-    parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(python_worker(*json.loads(args.worker))))
-        return
-    work = tempfile.mkdtemp(prefix="bench-onnx-")
+def measure(args, work: str) -> tuple[dict, dict]:
+    """The exports written into `work`, each system measured in turn --repetitions times; the runs and the sizes."""
     onnx_folder = export_onnx.export(args.model, os.path.join(work, "onnx"))
     ct2_folder = export_ctranslate2.export(args.model, os.path.join(work, "ct2-int8"), "int8")
     systems = {
@@ -109,9 +101,30 @@ def main() -> None:
     }
     runs = {name: [] for name in systems}
     for repetition in range(args.repetitions):
-        for name, measure in systems.items():
-            runs[name].append(measure())
+        for name, run_once in systems.items():
+            runs[name].append(run_once())
             print(f"repetition {repetition + 1}: {name} {runs[name][-1]['seconds']:.1f} s", file=sys.stderr)
+    onnx_graphs = os.path.join(onnx_folder, "onnx")
+    sizes = {
+        "ours (safetensors)": folder_mib(args.model, ["model.safetensors"]),
+        "ONNX float32 (both graphs)": folder_mib(onnx_graphs, ["encoder_model.onnx", "decoder_model_merged.onnx"]),
+        "ONNX int8": folder_mib(onnx_graphs, ["encoder_model_quantized.onnx", "decoder_model_merged_quantized.onnx"]),
+        "CTranslate2 int8 (model.bin)": folder_mib(ct2_folder, ["model.bin"]),
+    }
+    return runs, sizes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="A trained model folder (run_translation.py).")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(python_worker(*json.loads(args.worker))))
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-onnx-") as work:  # the exports go once measured
+        runs, sizes = measure(args, work)
     references = [target for _, target in test_pairs()]
     generated = runs["ours generate()"][0]["translations"]
     medians = {name: statistics.median(run["seconds"] for run in measured) for name, measured in runs.items()}
@@ -125,13 +138,6 @@ def main() -> None:
             "translations_unlike_generate": sum(mine != theirs for mine, theirs in zip(output, generated, strict=True)),
             "seconds": [round(run["seconds"], 2) for run in measured],
         }
-    onnx_graphs = os.path.join(onnx_folder, "onnx")
-    sizes = {
-        "ours (safetensors)": folder_mib(args.model, ["model.safetensors"]),
-        "ONNX float32 (both graphs)": folder_mib(onnx_graphs, ["encoder_model.onnx", "decoder_model_merged.onnx"]),
-        "ONNX int8": folder_mib(onnx_graphs, ["encoder_model_quantized.onnx", "decoder_model_merged_quantized.onnx"]),
-        "CTranslate2 int8 (model.bin)": folder_mib(ct2_folder, ["model.bin"]),
-    }
     bleu = sacrebleu.BLEU()
     bleu.corpus_score(generated, [references])
     signature = str(bleu.get_signature())
