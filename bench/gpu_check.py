@@ -5,7 +5,8 @@
 On a CUDA device, for the "small" preset and the paper's "base" model, built for Multi30k's 8,000-token shared BPE:
 1. training steps (forward, backward, fused Adam) under bf16 autocast with fp32 weights, sdpa attention, on the
    same Multi30k batches cut by our token-budget sampler, ours and MarianMTModel of the same shape interleaved
-   (median), with model FLOPs utilisation against the bf16 matmul rate measured in the same run;
+   (median), with model FLOPs utilisation against the bf16 matmul rate measured in the same run; with --compile,
+   ours under `torch.compile` too (dynamic shapes: the batches' lengths differ), its MFU beside eager's;
 2. decoding all 1,000 Multi30k test sentences, batch 64, greedy and beam 4, exactly --new_tokens tokens each
    (the models are untrained, so the work per sentence is fixed), under bf16 autocast;
 3. how far bf16 autocast moves the logits from fp32 (TF32 off) on one batch, and how often the argmax changes;
@@ -59,15 +60,21 @@ def bf16_matmul_flops_per_second(device: torch.device, size: int, repetitions: i
     return 2 * size**3 / interleaved_medians({"matmul": product}, repetitions)["matmul"]
 
 
-def both_models(config: VanillaTransformerConfig, device: torch.device) -> dict:
+def our_model(config: VanillaTransformerConfig, device: torch.device):
     torch.manual_seed(0)
     ours = VanillaTransformerForConditionalGeneration(config)
     ours.set_attn_implementation("sdpa")
-    return {"ours": ours.to(device), "MarianMTModel": marian_like(config).to(device)}
+    return ours.to(device)
 
 
-def training_speed(config, batches, device, repetitions: int, matmul: float) -> dict:
+def both_models(config: VanillaTransformerConfig, device: torch.device) -> dict:
+    return {"ours": our_model(config, device), "MarianMTModel": marian_like(config).to(device)}
+
+
+def training_speed(config, batches, device, repetitions: int, matmul: float, compiled: bool = False) -> dict:
     models = both_models(config, device)
+    if compiled:
+        models["ours, compiled"] = torch.compile(our_model(config, device), dynamic=True)
     candidates = {
         name: synchronized(step_function(model, batches, bf16_loss), device) for name, model in models.items()
     }
@@ -80,6 +87,7 @@ def training_speed(config, batches, device, repetitions: int, matmul: float) -> 
         "target_tokens_per_second": {name: round(target_tokens / seconds) for name, seconds in medians.items()},
         "ratio_ours_to_marian": round(medians["MarianMTModel"] / medians["ours"], 3),
         "mfu_ours": round(flops / medians["ours"] / matmul, 4),
+        **({"mfu_ours_compiled": round(flops / medians["ours, compiled"] / matmul, 4)} if compiled else {}),
     }
 
 
@@ -138,6 +146,7 @@ def main():
     parser.add_argument("--new_tokens", type=int, default=20)
     parser.add_argument("--sentences", type=int, default=1000, help="Multi30k test sentences to decode.")
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--compile", action="store_true", help="Also time our training step under torch.compile.")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -159,7 +168,7 @@ def main():
     for preset in args.presets:
         config = VanillaTransformerConfig.from_preset(preset, vocab_size=len(tokenizer))
         results["presets"][preset] = {
-            "training_bf16": training_speed(config, batches, device, args.repetitions, matmul),
+            "training_bf16": training_speed(config, batches, device, args.repetitions, matmul, args.compile),
             "decoding_bf16_batch_64": decoding_speed(
                 config, sources, device, args.repetitions, args.new_tokens, args.sentences
             ),
@@ -179,6 +188,9 @@ def main():
             row = f"{preset:<6} {measure:<34} {rates['ours']:>12,} {rates['MarianMTModel']:>12,}"
             print(f"{row} {decoding['ratio_ours_to_marian']:>12.2f}")
         logits = measured["logits"]
+        if "mfu_ours_compiled" in training:
+            rate, mfu = training["target_tokens_per_second"]["ours, compiled"], training["mfu_ours_compiled"]
+            print(f"{preset:<6} {'train step compiled, tokens/s':<34} {rate:>12,}   MFU {mfu:.1%}")
         print(
             f"{preset:<6} MFU {training['mfu_ours']:.1%}; bf16 vs fp32 logits: max |diff| "
             f"{logits['bf16_vs_fp32_max_abs']:.3g} (std {logits['fp32_logit_std']:.3g}), argmax agrees "
