@@ -136,6 +136,18 @@ def copy_layer_norm(ours, theirs, order: torch.LongTensor) -> None:
     theirs.bias.copy_(ours.bias[order])
 
 
+def load_ours(model_path: str):
+    """The model (float32, on the CPU) and tokenizer of one of our folders; another model type is refused, naming
+    the folder's config. The exports through the Marian form (this one and ONNX) start here."""
+    model, tokenizer = load_model_and_tokenizer(model_path, "cpu", dtype=torch.float32)
+    if model.config.model_type != "vanilla_transformer":
+        raise ModelFolderError(
+            f"{os.path.join(model_path, 'config.json')}: model_type {model.config.model_type!r} is not ours "
+            "(vanilla_transformer); only our models are exported"
+        )
+    return model, tokenizer
+
+
 def marian_generation_config(generation_config: GenerationConfig) -> GenerationConfig:
     """Our decoding settings without the per-sentence length limit, which Marian's `generate()` does not know: its
     fixed `max_length` (the longest the positions allow) is the only limit left."""
@@ -148,12 +160,7 @@ def marian_generation_config(generation_config: GenerationConfig) -> GenerationC
 def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False) -> str:
     """Write `model_path` (one of our model folders) as a `MarianMTModel` folder at `output_dir`."""
     check_output_dir(output_dir, overwrite_output_dir, source=model_path)
-    model, tokenizer = load_model_and_tokenizer(model_path, "cpu", dtype=torch.float32)
-    if model.config.model_type != "vanilla_transformer":
-        raise ModelFolderError(
-            f"{os.path.join(model_path, 'config.json')}: model_type {model.config.model_type!r} is not ours "
-            "(vanilla_transformer); only our models are exported"
-        )
+    model, tokenizer = load_ours(model_path)
     marian = marian_model(model)
     marian.generation_config = marian_generation_config(model.generation_config)
     with atomic_output_dir(output_dir, overwrite_output_dir) as staging:

@@ -36,10 +36,9 @@ from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig
 
 from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
-from hf_vanilla_transformer.loading import ModelFolderError, load_model_and_tokenizer
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import CACHE_NAME, source_length_margin
 from hf_vanilla_transformer.tools.card import write_export_card
-from hf_vanilla_transformer.tools.export_marian import marian_model
+from hf_vanilla_transformer.tools.export_marian import load_ours, marian_model
 
 ONNX_FOLDER = "onnx"
 QUANTIZED = "_quantized"  # transformers.js's suffix for int8 files (its dtype "q8")
@@ -136,10 +135,8 @@ def export_graphs(marian, folder: str) -> None:
         past, cross_past = ([[torch.randn(2, heads, length, head_dim) for _ in range(2)] for _ in range(layers)]
                             for length in (3, input_ids.shape[1]))  # fmt: skip
         step = torch.full((2, 1), config.decoder_start_token_id)
-        decoder, inputs = (
-            DecoderStepGraph(marian).eval(),
-            ["input_ids", "encoder_attention_mask", "encoder_hidden_states"],
-        )
+        decoder = DecoderStepGraph(marian).eval()
+        inputs = ["input_ids", "encoder_attention_mask", "encoder_hidden_states"]
         first_shapes = ({0: batch}, {0: batch, 1: source}, {0: batch, 1: source})
         with tempfile.TemporaryDirectory(dir=folder) as graphs:
             first, later = os.path.join(graphs, "first_step.onnx"), os.path.join(graphs, "with_past.onnx")
@@ -175,10 +172,15 @@ def merge_decoders(first_step_path: str, with_past_path: str, output_path: str) 
     the exporter's transposes of them, under names of its own) is stored once, outside the branches."""
     onnx = require("onnx", "exporting to ONNX")
     first, later = onnx.load(first_step_path), onnx.load(with_past_path)
+    # each graph's constants by their content, whatever their names, hashed once
+    first_keys, later_keys = (
+        {constant.name: constant_key(onnx, constant) for constant in graph.initializer}
+        for graph in (first.graph, later.graph)
+    )
+    first_constants = set(first_keys.values())
     shared = {}
-    first_constants = {constant_key(onnx, constant) for constant in first.graph.initializer}
     for constant in later.graph.initializer:
-        key = constant_key(onnx, constant)
+        key = later_keys[constant.name]
         if key in first_constants and key not in shared:
             shared[key] = onnx.TensorProto()
             shared[key].CopyFrom(constant)
@@ -197,8 +199,8 @@ def merge_decoders(first_step_path: str, with_past_path: str, output_path: str) 
     inputs.append(onnx.helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1]))
     branch = onnx.helper.make_node(
         "If", ["use_cache_branch"], [output.name for output in outputs],
-        then_branch=branch_graph(onnx, later, "with_past", shared),
-        else_branch=branch_graph(onnx, first, "first_step", shared),
+        then_branch=branch_graph(onnx, later, "with_past", shared, later_keys),
+        else_branch=branch_graph(onnx, first, "first_step", shared, first_keys),
     )  # fmt: skip
     graph = onnx.helper.make_graph([branch], "decoder_model_merged", inputs, outputs, list(shared.values()))
     functions = {(function.domain, function.name): function for function in [*first.functions, *later.functions]}
@@ -215,15 +217,15 @@ def constant_key(onnx, constant) -> tuple:
     return constant.data_type, tuple(constant.dims), hashlib.sha256(values.tobytes()).hexdigest()
 
 
-def branch_graph(onnx, model, name: str, shared: dict):
+def branch_graph(onnx, model, name: str, shared: dict, keys: dict):
     """`model`'s graph as a branch of the `If`: no inputs of its own (it reads the outer graph's by name), its
-    outputs renamed (a branch may not reuse the names of the `If`'s outputs) and its shared constants read from
-    the outer graph."""
+    outputs renamed (a branch may not reuse the names of the `If`'s outputs) and its shared constants (`keys`: the
+    `constant_key` of each of its constants, by name) read from the outer graph."""
     graph = model.graph
     renamed = {output.name: f"{name}.{output.name}" for output in graph.output}
     kept = []
     for constant in graph.initializer:
-        key = constant_key(onnx, constant)
+        key = keys[constant.name]
         if key in shared:
             renamed[constant.name] = shared[key].name
         else:
@@ -259,12 +261,7 @@ def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False)
     for package in ("onnx", "onnxruntime", "onnxscript"):
         require(package, "exporting to ONNX")
     check_output_dir(output_dir, overwrite_output_dir, source=model_path)
-    model, tokenizer = load_model_and_tokenizer(model_path, "cpu", dtype=torch.float32)
-    if model.config.model_type != "vanilla_transformer":
-        raise ModelFolderError(
-            f"{os.path.join(model_path, 'config.json')}: model_type {model.config.model_type!r} is not ours "
-            "(vanilla_transformer); only our models are exported"
-        )
+    model, tokenizer = load_ours(model_path)
     marian = marian_model(model)
     with atomic_output_dir(output_dir, overwrite_output_dir) as staging:
         graphs = os.path.join(staging, ONNX_FOLDER)
