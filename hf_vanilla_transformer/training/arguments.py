@@ -13,6 +13,7 @@ import copy
 import logging
 from dataclasses import dataclass, field
 
+import torch
 import yaml
 from transformers import (
     GenerationConfig,
@@ -21,6 +22,7 @@ from transformers import (
 )
 from transformers.trainer_utils import SchedulerType
 
+from hf_vanilla_transformer.hardware import cpu_has_bf16_units
 from hf_vanilla_transformer.model.configuration_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla_transformer.training.tokenizer import DEFAULT_NORMALIZATION, DEFAULT_VOCAB_SIZE, Normalization
 
@@ -80,8 +82,20 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     keep_newest_checkpoints: int | None = field(
         default=None, init=False, metadata={"help": "save_total_limit, for TranslationTrainer's rotation by step."}
     )
+    # transformers' --bf16 with a third value, None: decided by the hardware. argparse takes `nargs` and `const`
+    # from the metadata (HfArgumentParser gives a bool field without a default no bare `--bf16`)
+    bf16: bool | None = field(
+        default=None,
+        metadata={"help": "Train under bfloat16 autocast. Default: on where training runs on a CPU with bfloat16 "
+                  "units (AVX512-BF16 or AMX), whose steps it makes 1.6 to 2 times as fast; off elsewhere "
+                  "(float32; on a GPU, give --bf16 true).", "nargs": "?", "const": True},
+    )  # fmt: skip
 
     def __post_init__(self):
+        if self.bf16 is None:
+            self.bf16 = bf16_by_default(self.use_cpu, self.fp16)
+            # transformers accepts bf16 without a GPU only under use_cpu, which changes nothing else there
+            self.use_cpu = self.use_cpu or self.bf16
         super().__post_init__()
         # transformers rotates checkpoints by modification time, which a stopped deletion upsets (`rotate_checkpoints`):
         # the limit goes to TranslationTrainer's rotation by step, and `save_total_limit` None keeps the Trainer's off
@@ -97,6 +111,15 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         if self.max_tokens_per_batch is not None and self.train_sampling_strategy != "random":
             raise ValueError(f"--train_sampling_strategy {self.train_sampling_strategy!r} has no effect with "
                              "--max_tokens_per_batch, whose batches are grouped by length and shuffled")  # fmt: skip
+
+
+def bf16_by_default(use_cpu: bool, fp16: bool) -> bool:
+    """Whether a run trains under bfloat16 autocast when --bf16 is not given: where it trains on the CPU (--use_cpu,
+    or no accelerator) and the CPU has bfloat16 units. There a training step runs 1.6 (`small`) to 2 (`base`)
+    times as fast as in float32 (BENCHMARKS.md, "Training in bfloat16 on a CPU with bf16 units"); on CPUs
+    without the units, bfloat16 is slower than float32."""
+    on_cpu = use_cpu or not torch.accelerator.is_available()
+    return on_cpu and not fp16 and cpu_has_bf16_units()
 
 
 # The settings that only one way of decoding reads: GenerationConfig.validate (transformers 5.24) refuses to save a
@@ -169,6 +192,12 @@ class ModelArguments:
     split_han: bool = field(
         default=False, metadata={"help": "The new BPE makes each Han (Chinese) character a token of its own."}
     )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={"help": "Attention to train and evaluate with: eager, sdpa or flex_attention (the saved model does "
+                  "not keep it). Default: eager under --bf16 on a CPU, where torch's fused attention backward is "
+                  "slow in bfloat16; elsewhere transformers' default, sdpa."},
+    )  # fmt: skip
 
 
 @dataclass
