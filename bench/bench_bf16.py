@@ -1,19 +1,20 @@
 """bfloat16 against float32 on this CPU, side by side: matrix products, a training step, generate() and CTranslate2.
 
     python -m bench.bench_bf16 --model runs/multi30k-small --repetitions 3
+    python -m bench.bench_bf16 --parts cpu training --results bf16_training     # the training step's options
 
 - "cpu": whether the CPU has bfloat16 units (AVX512-BF16, AMX: `hf_vanilla_transformer.hardware`) and 2048x2048
   matrix products per second in each dtype, on torch's threads.
-- "training": one training step (forward, backward, Adam) of the `small` and `base` presets on Multi30k batches of
-  <= 2,048 tokens, in float32 and under bfloat16 autocast (what the Trainer's --bf16 does on a CPU), interleaved,
-  medians of --repetitions; target tokens per second and the ratio.
+- "training": training steps (forward, backward, fused Adam) of the `small` and `base` presets on the same 8
+  Multi30k batches of <= --max_tokens tokens (the main job's 1,024), each way of running them in turn
+  (interleaved), medians of --repetitions; target tokens per second and the ratio to float32 (`TRAINING_OPTIONS`).
 - "generate" and "ctranslate2": the trained model (--model) translates the 1,000 Multi30k test sources as
   vanilla-translate does (batch 64, the model's decoding): generate() with the model loaded in float32 and in
   bfloat16, and the model exported to CTranslate2 (float32) run with compute types float32, bfloat16, int8 and
   int8_bfloat16 where this CPU's CTranslate2 offers them (its CPU build has no bfloat16 kernels); each
   measurement in a process of its own, in turn within each repetition; sentences/s, BLEU
   (sacreBLEU 13a) and how many translations differ from float32's.
-Writes bench/results/bf16.json.
+Writes bench/results/<--results>.json (bf16.json).
 """
 
 import argparse
@@ -30,6 +31,7 @@ from bench.common import hf_loss, interleaved_medians, machine, multi30k_batches
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.hardware import cpu_has_bf16_units
 from hf_vanilla_transformer.tools.export_ctranslate2 import export
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
 
 
 def matmul_rate(dtype: torch.dtype, size: int = 2048, repetitions: int = 20) -> float:
@@ -47,27 +49,94 @@ def autocast_loss(model, batch):
         return hf_loss(model, batch)
 
 
-def training_figures(presets: list[str], repetitions: int) -> dict:
+def bf16_weights_step(model, batches):
+    """The model in bfloat16 throughout (no autocast: no casts in the step), float32 master copies of the weights
+    that Adam updates and copies back: mixed precision as Micikevicius et al. (2018) train, without loss scaling,
+    which bfloat16's range does not need."""
+    model.to(torch.bfloat16).train()
+    weights = list(model.parameters())
+    masters = [weight.detach().float().requires_grad_() for weight in weights]
+    paper = TranslationTrainingArguments
+    optimizer = torch.optim.Adam(masters, lr=1e-4, betas=(paper.adam_beta1, paper.adam_beta2), eps=paper.adam_epsilon,
+                                 fused=True)  # fmt: skip
+
+    def run():
+        for batch in batches:
+            hf_loss(model, batch).backward()
+            for weight, master in zip(weights, masters, strict=True):
+                master.grad, weight.grad = weight.grad.float(), None
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for weight, master in zip(weights, masters, strict=True):
+                    weight.copy_(master)
+
+    return run
+
+
+def bf16_matrix_products(run):
+    """`run` with float32 matrix products computed in bfloat16 by oneDNN: torch's public precision setting,
+    the CPU's counterpart of TF32 on GPUs; the model, its activations and gradients stay float32."""
+
+    def run_in_bf16_products():
+        before = torch.backends.mkldnn.matmul.fp32_precision
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        try:
+            run()
+        finally:
+            torch.backends.mkldnn.matmul.fp32_precision = before
+
+    return run_in_bf16_products
+
+
+# name: (attention implementation, how the step runs, torch.compile). "autocast" is what the Trainer's --bf16 does
+# on a CPU; "bf16 weights" is `bf16_weights_step`; "bf16 products", `bf16_matrix_products`.
+TRAINING_OPTIONS = {
+    "float32": ("sdpa", "float32", False),
+    "float32, compiled": ("sdpa", "float32", True),
+    "float32, matrix products in bf16 (oneDNN)": ("sdpa", "bf16 products", False),
+    "float32, matrix products in bf16 (oneDNN), eager attention": ("eager", "bf16 products", False),
+    "bf16 autocast (sdpa)": ("sdpa", "autocast", False),
+    "bf16 autocast, eager attention": ("eager", "autocast", False),
+    "bf16 autocast, eager attention, compiled": ("eager", "autocast", True),
+    "bf16 weights, float32 master copies, eager attention": ("eager", "bf16 weights", False),
+}
+
+
+def training_candidate(config, batches, option: str):
+    attention, arithmetic, compiled = TRAINING_OPTIONS[option]
+    model = VanillaTransformerForConditionalGeneration(config)
+    model.set_attn_implementation(attention)
+    if compiled:
+        model.compile()  # as the Trainer's --torch_compile: the forward, in place
+    if arithmetic == "bf16 weights":
+        return bf16_weights_step(model, batches)
+    if arithmetic == "bf16 products":
+        return bf16_matrix_products(step_function(model, batches, hf_loss))
+    return step_function(model, batches, autocast_loss if arithmetic == "autocast" else hf_loss)
+
+
+def training_figures(presets: list[str], options: list[str], max_tokens: int, repetitions: int) -> dict:
     figures = {}
     for preset in presets:
-        torch.manual_seed(0)
-        batches, tokenizer = multi30k_batches(8, 2048)
+        batches, tokenizer = multi30k_batches(8, max_tokens)
         config = VanillaTransformerConfig.from_preset(preset, vocab_size=len(tokenizer))
         candidates = {}
-        for name, loss in (("float32", hf_loss), ("bfloat16 autocast", autocast_loss)):
-            model = VanillaTransformerForConditionalGeneration(config)
-            model.set_attn_implementation("sdpa")
-            candidates[name] = step_function(model, batches, loss)
-        for run in candidates.values():
-            run()
+        for option in ["float32", *(option for option in options if option != "float32")]:
+            torch.manual_seed(0)
+            candidates[option] = training_candidate(config, batches, option)
+            start = time.perf_counter()
+            candidates[option]()  # warm-up: compilation, first-touch allocations
+            print(f"{preset}, {option}: warm-up {time.perf_counter() - start:.1f} s", flush=True)
         medians = interleaved_medians(candidates, repetitions)
         tokens = sum(int((b["labels"] != -100).sum()) for b in batches)
         rates = {name: tokens / seconds for name, seconds in medians.items()}
         figures[preset] = {
-            "target_tokens_per_second": {name: round(rate) for name, rate in rates.items()},
-            "bf16_over_fp32": round(rates["bfloat16 autocast"] / rates["float32"], 3),
+            name: {"target_tokens_per_second": round(rate), "over_float32": round(rate / rates["float32"], 3)}
+            for name, rate in rates.items()
         }
-        print(f"training step, {preset}: {figures[preset]}")
+        for name, figure in figures[preset].items():
+            print(f"training step, {preset}, {name}: {figure}", flush=True)
     return figures
 
 
@@ -116,6 +185,9 @@ def main() -> None:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--presets", nargs="+", default=["small", "base"])
     parser.add_argument("--parts", nargs="+", default=["cpu", "training", "translation"])
+    parser.add_argument("--options", nargs="+", default=list(TRAINING_OPTIONS), choices=list(TRAINING_OPTIONS))
+    parser.add_argument("--max_tokens", type=int, default=1024, help="Token budget of a training batch.")
+    parser.add_argument("--results", default="bf16", help="The results file's name in bench/results.")
     args = parser.parse_args()
     results = {"machine": machine(), "bf16_units": cpu_has_bf16_units(), "repetitions": args.repetitions}
     if "cpu" in args.parts:
@@ -123,10 +195,11 @@ def main() -> None:
         results["matmul_tflops"] = {name: round(rate / 1e12, 3) for name, rate in rates.items()}
         print("matmul TFLOP/s:", results["matmul_tflops"], "bf16 units:", results["bf16_units"])
     if "training" in args.parts:
-        results["training_step"] = training_figures(args.presets, args.repetitions)
+        results["max_tokens"] = args.max_tokens
+        results["training_step"] = training_figures(args.presets, args.options, args.max_tokens, args.repetitions)
     if "translation" in args.parts:
         results["translation"] = translation_figures(args.model, args.repetitions)
-    print("wrote", write_results("bf16", results))
+    print("wrote", write_results(args.results, results))
 
 
 if __name__ == "__main__":
