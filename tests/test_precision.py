@@ -1,14 +1,31 @@
-"""The bfloat16 check against what the kernel says of the CPU, and the dtype vanilla-translate chooses from it."""
+"""The bfloat16 check against what the kernel says of the CPU, and what follows from it: the dtype
+vanilla-translate chooses, and training under bfloat16 autocast with eager attention."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
+from hf_vanilla_transformer.cli import run_translation
 from hf_vanilla_transformer.hardware import cpu_has_bf16_units
 from hf_vanilla_transformer.tools.translate import load_translator, translate_lines, translation_dtype
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
+from hf_vanilla_transformer.training.run import prepare, train_and_evaluate
+from support.files import write_dataset
 from support.models import generate_text, letter_tokenizer, tiny_model
+from support.runs import TINY_MODEL_RUN
+
+
+@pytest.fixture(params=[True, False], ids=["bf16 units", "no bf16 units"])
+def bf16_units(request, monkeypatch):
+    """This CPU as torch describes it, with or without bfloat16 units: the one place the hardware is read, so on
+    either kind of CPU the test runs both kinds."""
+    capabilities = {**torch.cpu.get_capabilities(), "avx512_bf16": request.param, "amx_bf16": request.param}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
+    return request.param
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads Linux's /proc/cpuinfo")
@@ -36,3 +53,49 @@ def test_translation_is_bfloat16_exactly_where_the_cpu_has_bf16_units(tmp_path):
             generate_text(model, tokenizer, [one], num_beams=2, max_new_tokens=8)[0] for one in sentences
         ], name
         # padding and attention kernels change the sums' rounding, so the reference is the same sdpa model, unbatched
+
+
+def test_training_is_bfloat16_by_default_exactly_on_a_cpu_with_bf16_units(bf16_units, tmp_path):
+    def parsed(*flags):
+        return run_translation.parse_arguments(["--output_dir", str(tmp_path), "--do_train", *flags])[2]
+
+    assert cpu_has_bf16_units() is bf16_units
+    for args in (parsed(), parsed("--use_cpu", "true"), TranslationTrainingArguments(output_dir=str(tmp_path))):
+        assert (args.bf16, args.device.type) == (bf16_units, "cpu")
+    # the flag as transformers' example takes it, bare or with a value, wins over the hardware
+    assert parsed("--bf16").bf16 is True and parsed("--bf16", "true").bf16 is True
+    assert parsed("--bf16", "false").bf16 is False
+    assert TranslationTrainingArguments(output_dir=str(tmp_path), bf16=False).bf16 is False
+
+
+@pytest.mark.parametrize("flags", [[], ["--bf16", "false"], ["--attn_implementation", "sdpa"]], ids=" ".join)
+def test_a_run_trains_in_bfloat16_with_eager_attention_exactly_on_a_cpu_with_bf16_units(bf16_units, flags, tmp_path):
+    rows = [{"en": f"The {a} is {b}.", "de": f"Die {c} ist {d}."} for a, c in (("cat", "Katze"), ("dog", "Hund"),
+            ("bird", "Vogel")) for b, d in (("small", "klein"), ("big", "groß"), ("old", "alt"))]  # fmt: skip
+    folder = write_dataset(tmp_path / "data", {"train": rows, "test": rows[:3]})
+    output = tmp_path / "run"
+    run = prepare(*run_translation.parse_arguments([
+        *TINY_MODEL_RUN, "--dataset_name", folder, "--vocab_size", "300", "--max_steps", "3", "--warmup_steps", "1",
+        "--do_eval", "false", "--output_dir", str(output), *flags,
+    ]))  # fmt: skip
+    bf16 = bf16_units and flags != ["--bf16", "false"]
+    eager = bf16 and not flags
+    encoded = run.tokenizer(["The cat is small."], return_tensors="pt")
+    weights = run.model.get_encoder()(**encoded, output_attentions=True).attentions  # None on the sdpa path
+    assert all(layer is not None for layer in weights) is eager
+    seen = []  # (training?, dtype) of a matrix product's output and of the logits, at each call
+    for module in (run.model.get_encoder().layers[0].feed_forward.fc1, run.model.lm_head):
+        module.register_forward_hook(lambda module, args, output: seen.append((module.training, output.dtype)))
+    logits = []
+    run.model.register_forward_hook(lambda module, args, output: logits.append((module.training, output.logits.dtype)))
+    train_and_evaluate(run)
+    products = torch.bfloat16 if bf16 else torch.float32
+    assert {dtype for training, dtype in seen if training} == {products}  # three steps, under autocast or not
+    assert {dtype for training, dtype in seen if not training} == {torch.float32}  # prediction: the saved precision
+    assert {dtype for training, dtype in logits if training} == {torch.float32}  # the loss's log-softmax in float32
+    assert {tensor.dtype for tensor in load_file(output / "model.safetensors").values()} == {torch.float32}
+    record = json.loads((output / "run_record.json").read_text())
+    assert record["training"]["precision"] == (
+        "bfloat16 autocast, float32 weights (saved in float32)" if bf16 else "float32"
+    )
+    assert "_attn_implementation" not in json.loads((output / "config.json").read_text())

@@ -60,11 +60,12 @@ KILLED_RUN = [
 KILL_TIMEOUT = 240
 
 
-def kill_when(output_dir: Path, phase: str, rng) -> str:
-    """Run KILLED_RUN (resuming) and SIGKILL it in `phase`: "step" (a random moment of training), "checkpoint"
-    (while a checkpoint folder is being written: it exists, its trainer_state.json not yet) or "averaging" (once
-    the final averaging has begun). Returns what happened: "killed" or "finished" (it ended first)."""
-    command = [sys.executable, *KILLED_RUN, "--output_dir", str(output_dir), "--resume_from_checkpoint"]
+def kill_when(run: list[str], output_dir: Path, phase: str, rng) -> str:
+    """Run `run` (KILLED_RUN in a precision; resuming) and SIGKILL it in `phase`: "step" (a random moment of
+    training), "checkpoint" (while a checkpoint folder is being written: it exists, its trainer_state.json not yet)
+    or "averaging" (once the final averaging has begun). Returns what happened: "killed" or "finished" (it ended
+    first)."""
+    command = [sys.executable, *run, "--output_dir", str(output_dir), "--resume_from_checkpoint"]
     log = output_dir.parent / f"{output_dir.name}.log"
     with open(log, "a") as stream:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=stream, stderr=subprocess.STDOUT)
@@ -89,13 +90,16 @@ def kill_when(output_dir: Path, phase: str, rng) -> str:
     return "killed"
 
 
-@pytest.fixture(scope="module")
-def uninterrupted_run(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["true", "false"], ids=["bf16", "float32"])
+def uninterrupted_run(request, tmp_path_factory) -> tuple[list[str], Path]:
+    """KILLED_RUN in each precision the default chooses from (bfloat16 autocast with eager attention where the
+    CPU has bf16 units, float32 elsewhere), and its output folder."""
+    run = [*KILLED_RUN, "--bf16", request.param]
     output = tmp_path_factory.mktemp("uninterrupted") / "run"
-    result = subprocess.run([sys.executable, *KILLED_RUN, "--output_dir", str(output)], cwd=REPO_ROOT,
+    result = subprocess.run([sys.executable, *run, "--output_dir", str(output)], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=KILL_TIMEOUT)  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    return output
+    return run, output
 
 
 @contextmanager
@@ -116,18 +120,19 @@ def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_ru
     deletion kill below pins it)."""
     import random
 
+    run, uninterrupted = uninterrupted_run
     killed = tmp_path / "killed"
     rng = random.Random(3)
     with competing_cpu_load():
         phases = ("step", "checkpoint", "averaging")
-        outcomes = [kill_when(killed, phase, rng) for phase in phases]
+        outcomes = [kill_when(run, killed, phase, rng) for phase in phases]
     assert outcomes == ["killed"] * 3
-    restart = subprocess.run([sys.executable, *KILLED_RUN, "--output_dir", str(killed), "--resume_from_checkpoint"],
+    restart = subprocess.run([sys.executable, *run, "--output_dir", str(killed), "--resume_from_checkpoint"],
                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=KILL_TIMEOUT)  # fmt: skip
     assert restart.returncode == 0, restart.stderr[-2000:]
-    assert (killed / "model.safetensors").read_bytes() == (uninterrupted_run / "model.safetensors").read_bytes()
+    assert (killed / "model.safetensors").read_bytes() == (uninterrupted / "model.safetensors").read_bytes()
     # every training loss logged on the way, the resumed run's read from its checkpoints, is the same
-    ours, theirs = (json.loads((folder / "trainer_state.json").read_text()) for folder in (killed, uninterrupted_run))
+    ours, theirs = (json.loads((folder / "trainer_state.json").read_text()) for folder in (killed, uninterrupted))
     assert ours["global_step"] == theirs["global_step"] == 240 and ours["epoch"] == theirs["epoch"]
     losses = [[(e["step"], e["loss"]) for e in state["log_history"] if "loss" in e] for state in (ours, theirs)]
     assert losses[0] == losses[1] and len(losses[0]) == 240 // 4
@@ -161,8 +166,9 @@ def test_a_run_killed_while_deleting_checkpoints_resumes_to_the_same_weights(uni
     # half-deleted folder was then kept in place of a newer checkpoint, and averaging read it (other weights)
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(KILL_WHILE_DELETING)
+    run, uninterrupted = uninterrupted_run
     killed = tmp_path / "killed"
-    command = [sys.executable, *KILLED_RUN, "--output_dir", str(killed), "--resume_from_checkpoint"]
+    command = [sys.executable, *run, "--output_dir", str(killed), "--resume_from_checkpoint"]
     # a rotation of the first run (at step 168, of checkpoint-72), the resumed run's clearing of that folder, then
     # the deletion of the averaged checkpoints once the model is saved (checkpoint-168 first, then 192), then none
     for kill in ("checkpoint-72:2", "checkpoint-72:1", "checkpoint-192:2", None):
@@ -170,10 +176,10 @@ def test_a_run_killed_while_deleting_checkpoints_resumes_to_the_same_weights(uni
         result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=KILL_TIMEOUT)
         assert result.returncode == (-9 if kill else 0), (kill, result.stderr[-2000:])
     assert "holds this run's final model already: loaded, not averaged again" in result.stderr
-    assert (killed / "model.safetensors").read_bytes() == (uninterrupted_run / "model.safetensors").read_bytes()
+    assert (killed / "model.safetensors").read_bytes() == (uninterrupted / "model.safetensors").read_bytes()
     # the run folder is the model, and the last checkpoint, which a longer budget resumes from
-    for run in (killed, uninterrupted_run):
-        assert sorted(p.name for p in run.iterdir() if "checkpoint" in p.name) == ["checkpoint-240"]
+    for folder in (killed, uninterrupted):
+        assert sorted(p.name for p in folder.iterdir() if "checkpoint" in p.name) == ["checkpoint-240"]
 
 
 def write_checkpoints(output_dir: Path, steps: dict[int, bool]) -> None:
