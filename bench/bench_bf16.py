@@ -1,13 +1,19 @@
 """bfloat16 against float32 on this CPU, side by side: matrix products, a training step, generate() and CTranslate2.
 
     python -m bench.bench_bf16 --model runs/multi30k-small --repetitions 3
-    python -m bench.bench_bf16 --parts cpu training --results bf16_training     # the training step's options
+    python -m bench.bench_bf16 --parts cpu training profile loop --results bf16_training   # training in bf16
 
 - "cpu": whether the CPU has bfloat16 units (AVX512-BF16, AMX: `hf_vanilla_transformer.hardware`) and 2048x2048
   matrix products per second in each dtype, on torch's threads.
 - "training": training steps (forward, backward, fused Adam) of the `small` and `base` presets on the same 8
   Multi30k batches of <= --max_tokens tokens (the main job's 1,024), each way of running them in turn
   (interleaved), medians of --repetitions; target tokens per second and the ratio to float32 (`TRAINING_OPTIONS`).
+- "profile": torch.profiler over float32 and the default bf16 step (autocast, eager attention) of `small`: CPU
+  milliseconds a batch by kind of operator (bench.profile_models' kinds, and copies: autocast's casts).
+- "loop": the main job's recipe through `run_translation.py` for --loop_steps steps (no evaluation, no averaging),
+  with --bf16 false and true in turn, --repetitions times; training steps per second of the Trainer's own
+  clock (`train_results.json`), medians. The whole loop: batching, collation, the label-smoothed loss,
+  checkpoints.
 - "generate" and "ctranslate2": the trained model (--model) translates the 1,000 Multi30k test sources as
   vanilla-translate does (batch 64, the model's decoding): generate() with the model loaded in float32 and in
   bfloat16, and the model exported to CTranslate2 (float32) run with compute types float32, bfloat16, int8 and
@@ -18,7 +24,11 @@ Writes bench/results/<--results>.json (bf16.json).
 """
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -27,7 +37,16 @@ import sacrebleu
 import torch
 
 from bench.bench_ctranslate2 import in_own_process, multi30k_test_pairs
-from bench.common import hf_loss, interleaved_medians, machine, multi30k_batches, step_function, write_results
+from bench.common import (
+    REPO_ROOT,
+    hf_loss,
+    interleaved_medians,
+    machine,
+    multi30k_batches,
+    step_function,
+    write_results,
+)
+from bench.profile_models import CATEGORIES
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.hardware import cpu_has_bf16_units
 from hf_vanilla_transformer.tools.export_ctranslate2 import export
@@ -140,6 +159,58 @@ def training_figures(presets: list[str], options: list[str], max_tokens: int, re
     return figures
 
 
+PROFILED = ("float32", "bf16 autocast, eager attention")
+KINDS = {**CATEGORIES, "copies (autocast's casts among them)": lambda name: name == "aten::copy_"}
+
+
+def profile_figures(max_tokens: int) -> dict:
+    batches, tokenizer = multi30k_batches(8, max_tokens)
+    config = VanillaTransformerConfig.from_preset("small", vocab_size=len(tokenizer))
+    figures = {}
+    for option in PROFILED:
+        torch.manual_seed(0)
+        run = training_candidate(config, batches, option)
+        run()  # warm-up
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+            run()
+        events = profiler.key_averages()
+        per_batch = {
+            kind: sum(event.self_cpu_time_total for event in events if matches(event.key)) / 1e3 / len(batches)
+            for kind, matches in KINDS.items()
+        }
+        total = sum(event.self_cpu_time_total for event in events) / 1e3 / len(batches)
+        per_batch["everything else"] = total - sum(per_batch.values())
+        per_batch["total"] = total
+        figures[option] = {kind: round(ms, 1) for kind, ms in per_batch.items()}
+        print(f"profile, small, {option}: CPU ms a batch {figures[option]}", flush=True)
+    return figures
+
+
+def loop_figures(steps: int, repetitions: int) -> dict:
+    runs = {"float32": [], "bfloat16": []}
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(repetitions):
+            for name, flag in (("float32", "false"), ("bfloat16", "true")):
+                output = os.path.join(folder, name)
+                command = [
+                    sys.executable, "run_translation.py", "recipes/multi30k_small.yaml", "--bf16", flag,
+                    "--max_steps", str(steps), "--do_eval", "false", "--do_predict", "false",
+                    "--average_last_checkpoints", "1", "--disable_tqdm", "true",
+                    "--output_dir", output, "--overwrite_output_dir", "true",
+                ]  # fmt: skip
+                subprocess.run(command, cwd=REPO_ROOT, check=True, capture_output=True)
+                with open(os.path.join(output, "train_results.json")) as results:
+                    runs[name].append(json.load(results)["train_steps_per_second"])
+                print(f"loop, {name}: {runs[name][-1]} steps/s", flush=True)
+    medians = {name: statistics.median(rates) for name, rates in runs.items()}
+    return {
+        "steps": steps,
+        "steps_per_second": runs,
+        "median_steps_per_second": medians,
+        "bf16_over_fp32": round(medians["bfloat16"] / medians["float32"], 3),
+    }
+
+
 def translation_figures(model: str, repetitions: int) -> dict:
     pairs = multi30k_test_pairs()
     references = [target for _, target in pairs]
@@ -184,9 +255,11 @@ def main() -> None:
     parser.add_argument("--model", default="runs/multi30k-small", help="A trained model folder (the main job's).")
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--presets", nargs="+", default=["small", "base"])
-    parser.add_argument("--parts", nargs="+", default=["cpu", "training", "translation"])
+    parts = ["cpu", "training", "profile", "loop", "translation"]
+    parser.add_argument("--parts", nargs="+", default=["cpu", "training", "translation"], choices=parts)
     parser.add_argument("--options", nargs="+", default=list(TRAINING_OPTIONS), choices=list(TRAINING_OPTIONS))
     parser.add_argument("--max_tokens", type=int, default=1024, help="Token budget of a training batch.")
+    parser.add_argument("--loop_steps", type=int, default=300, help="Steps of each run of the main job's loop.")
     parser.add_argument("--results", default="bf16", help="The results file's name in bench/results.")
     args = parser.parse_args()
     results = {"machine": machine(), "bf16_units": cpu_has_bf16_units(), "repetitions": args.repetitions}
@@ -197,6 +270,10 @@ def main() -> None:
     if "training" in args.parts:
         results["max_tokens"] = args.max_tokens
         results["training_step"] = training_figures(args.presets, args.options, args.max_tokens, args.repetitions)
+    if "profile" in args.parts:
+        results["profile_small"] = profile_figures(args.max_tokens)
+    if "loop" in args.parts:
+        results["loop"] = loop_figures(args.loop_steps, args.repetitions)
     if "translation" in args.parts:
         results["translation"] = translation_figures(args.model, args.repetitions)
     print("wrote", write_results(args.results, results))

@@ -695,10 +695,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)
-        if self.training:
-            # under mixed precision the projection yields bfloat16 or float16 logits, and the Trainer's label
-            # smoothing takes their log-softmax outside autocast, which would have run it in float32
-            logits = logits.float()
         loss = None
         if labels is not None:
             loss = fixed_cross_entropy(
