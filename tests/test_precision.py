@@ -62,8 +62,10 @@ def test_training_is_bfloat16_by_default_exactly_on_a_cpu_with_bf16_units(bf16_u
     assert cpu_has_bf16_units() is bf16_units
     for args in (parsed(), parsed("--use_cpu", "true"), TranslationTrainingArguments(output_dir=str(tmp_path))):
         assert (args.bf16, args.device.type) == (bf16_units, "cpu")
-    # the flag as transformers' example takes it, bare or with a value, wins over the hardware
-    assert parsed("--bf16").bf16 is True and parsed("--bf16", "true").bf16 is True
+    # the flag as transformers' example takes it, bare or with a value, wins over the hardware (given, it needs
+    # --use_cpu without a GPU, as in transformers)
+    on_cpu = ("--use_cpu", "true")
+    assert parsed("--bf16", *on_cpu).bf16 is True and parsed("--bf16", "true", *on_cpu).bf16 is True
     assert parsed("--bf16", "false").bf16 is False
     assert TranslationTrainingArguments(output_dir=str(tmp_path), bf16=False).bf16 is False
 
@@ -81,8 +83,8 @@ def test_a_run_trains_in_bfloat16_with_eager_attention_exactly_on_a_cpu_with_bf1
     bf16 = bf16_units and flags != ["--bf16", "false"]
     eager = bf16 and not flags
     encoded = run.tokenizer(["The cat is small."], return_tensors="pt")
-    weights = run.model.get_encoder()(**encoded, output_attentions=True).attentions  # None on the sdpa path
-    assert all(layer is not None for layer in weights) is eager
+    weights = run.model.get_encoder()(**encoded, output_attentions=True).attentions  # none on the sdpa path
+    assert (len(weights) == 2 and all(layer is not None for layer in weights)) is eager
     seen = []  # (training?, dtype) of a matrix product's output and of the logits, at each call
     for module in (run.model.get_encoder().layers[0].feed_forward.fc1, run.model.lm_head):
         module.register_forward_hook(lambda module, args, output: seen.append((module.training, output.dtype)))
