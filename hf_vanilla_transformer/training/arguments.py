@@ -87,7 +87,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     bf16: bool | None = field(
         default=None,
         metadata={"help": "Train under bfloat16 autocast. Default: on where training runs on a CPU with bfloat16 "
-                  "units (AVX512-BF16 or AMX), whose steps it makes 1.6 to 2 times as fast; off elsewhere "
+                  "units (AVX512-BF16 or AMX), where a step runs 1.6 (small) to 2 (base) times as fast; off elsewhere "
                   "(float32; on a GPU, give --bf16 true).", "nargs": "?", "const": True},
     )  # fmt: skip
 

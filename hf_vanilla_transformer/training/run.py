@@ -183,8 +183,8 @@ def save_tokenizer_atomically(tokenizer, folder: str) -> None:
 
 def training_attention(model_args, training_args) -> str | None:
     """--attn_implementation, or eager under bfloat16 autocast on a CPU: there torch's fused attention (sdpa) runs
-    its backward in bfloat16 several times slower than in float32, and eager's matrix products make the whole
-    step 1.3 (`small`) to 1.5 (`base`) times as fast as sdpa's (BENCHMARKS.md). None: transformers' default."""
+    its backward in bfloat16 up to several times slower than in float32, and a step with eager attention was as
+    fast as sdpa's or up to 1.5 times faster (BENCHMARKS.md, "Training in bfloat16"). None: transformers' default."""
     if model_args.attn_implementation is None and training_args.bf16 and training_args.device.type == "cpu":
         return "eager"
     return model_args.attn_implementation
