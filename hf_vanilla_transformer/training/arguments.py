@@ -13,7 +13,6 @@ import copy
 import logging
 from dataclasses import dataclass, field
 
-import torch
 import yaml
 from transformers import (
     GenerationConfig,
@@ -86,16 +85,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     # from the metadata (HfArgumentParser gives a bool field without a default no bare `--bf16`)
     bf16: bool | None = field(
         default=None,
-        metadata={"help": "Train under bfloat16 autocast. Default: on where training runs on a CPU with bfloat16 "
-                  "units (AVX512-BF16 or AMX), where a step runs 1.6 (small) to 2 (base) times as fast; off elsewhere "
-                  "(float32; on a GPU, give --bf16 true).", "nargs": "?", "const": True},
+        metadata={"help": "Train under bfloat16 autocast. Default: on where a run trains under --use_cpu on a CPU "
+                  "with bfloat16 units (AVX512-BF16 or AMX), where a step runs 1.6 (small) to 2 (base) times as "
+                  "fast; off elsewhere (float32; on a GPU, give --bf16 true).", "nargs": "?", "const": True},
     )  # fmt: skip
 
     def __post_init__(self):
         if self.bf16 is None:
             self.bf16 = bf16_by_default(self.use_cpu, self.fp16)
-            # transformers accepts bf16 without a GPU only under use_cpu, which changes nothing else there
-            self.use_cpu = self.use_cpu or self.bf16
         super().__post_init__()
         # transformers rotates checkpoints by modification time, which a stopped deletion upsets (`rotate_checkpoints`):
         # the limit goes to TranslationTrainer's rotation by step, and `save_total_limit` None keeps the Trainer's off
@@ -114,12 +111,12 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 
 
 def bf16_by_default(use_cpu: bool, fp16: bool) -> bool:
-    """Whether a run trains under bfloat16 autocast when --bf16 is not given: where it trains on the CPU (--use_cpu,
-    or no accelerator) and the CPU has bfloat16 units. There a training step runs 1.6 (`small`) to 2 (`base`)
-    times as fast as in float32 (BENCHMARKS.md, "Training in bfloat16 on a CPU with bf16 units"); on CPUs
-    without the units, bfloat16 is slower than float32."""
-    on_cpu = use_cpu or not torch.accelerator.is_available()
-    return on_cpu and not fp16 and cpu_has_bf16_units()
+    """Whether a run trains under bfloat16 autocast when --bf16 is not given: where it trains on the CPU by
+    --use_cpu (transformers accepts bf16 without a GPU only then; every CPU recipe gives it) and the CPU has
+    bfloat16 units. There a training step runs 1.6 (`small`) to 2 (`base`) times as fast as in float32
+    (BENCHMARKS.md, "Training in bfloat16 on a CPU with bf16 units"); on CPUs without the units bfloat16 is slower
+    than float32."""
+    return use_cpu and not fp16 and cpu_has_bf16_units()
 
 
 # The settings that only one way of decoding reads: GenerationConfig.validate (transformers 5.24) refuses to save a
