@@ -43,6 +43,7 @@ from bench.common import (
     interleaved_medians,
     machine,
     multi30k_batches,
+    paper_adam,
     step_function,
     write_results,
 )
@@ -50,7 +51,6 @@ from bench.profile_models import CATEGORIES
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.hardware import cpu_has_bf16_units
 from hf_vanilla_transformer.tools.export_ctranslate2 import export
-from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
 
 
 def matmul_rate(dtype: torch.dtype, size: int = 2048, repetitions: int = 20) -> float:
@@ -75,9 +75,7 @@ def bf16_weights_step(model, batches):
     model.to(torch.bfloat16).train()
     weights = list(model.parameters())
     masters = [weight.detach().float().requires_grad_() for weight in weights]
-    paper = TranslationTrainingArguments
-    optimizer = torch.optim.Adam(masters, lr=1e-4, betas=(paper.adam_beta1, paper.adam_beta2), eps=paper.adam_epsilon,
-                                 fused=True)  # fmt: skip
+    optimizer = paper_adam(masters)
 
     def run():
         for batch in batches:

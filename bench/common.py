@@ -123,12 +123,17 @@ def marian_like(config: VanillaTransformerConfig, **marian_config):
     return model
 
 
-def step_function(model, batches, loss_of):
-    # the paper's Adam, fused, as the Trainer's default optimizer in transformers 5 (adamw_torch_fused) is
+def paper_adam(parameters) -> torch.optim.Adam:
+    """The paper's Adam (Section 5.3), fused, as the Trainer's default optimizer in transformers 5
+    (adamw_torch_fused) is."""
     paper = TranslationTrainingArguments
-    optimizer = torch.optim.Adam(
-        model.parameters(), lr=1e-4, betas=(paper.adam_beta1, paper.adam_beta2), eps=paper.adam_epsilon, fused=True
+    return torch.optim.Adam(
+        parameters, lr=1e-4, betas=(paper.adam_beta1, paper.adam_beta2), eps=paper.adam_epsilon, fused=True
     )
+
+
+def step_function(model, batches, loss_of):
+    optimizer = paper_adam(model.parameters())
     model.train()
 
     def run():

@@ -86,8 +86,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     bf16: bool | None = field(
         default=None,
         metadata={"help": "Train under bfloat16 autocast. Default: on where a run trains under --use_cpu on a CPU "
-                  "with bfloat16 units (AVX512-BF16 or AMX), where a step runs 1.6 (small) to 2 (base) times as "
-                  "fast; off elsewhere (float32; on a GPU, give --bf16 true).", "nargs": "?", "const": True},
+                  "with bfloat16 units (AVX512-BF16 or AMX), where a step runs faster; off elsewhere (float32; on "
+                  "a GPU, give --bf16 true).", "nargs": "?", "const": True},
     )  # fmt: skip
 
     def __post_init__(self):
@@ -113,9 +113,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 def bf16_by_default(use_cpu: bool, fp16: bool) -> bool:
     """Whether a run trains under bfloat16 autocast when --bf16 is not given: where it trains on the CPU by
     --use_cpu (transformers accepts bf16 without a GPU only then; every CPU recipe gives it) and the CPU has
-    bfloat16 units. There a training step runs 1.6 (`small`) to 2 (`base`) times as fast as in float32
-    (BENCHMARKS.md, "Training in bfloat16 on a CPU with bf16 units"); on CPUs without the units bfloat16 is slower
-    than float32."""
+    bfloat16 units. There a training step runs faster than in float32 (BENCHMARKS.md, "Training in bfloat16 on a
+    CPU with bf16 units"); on CPUs without the units bfloat16 is slower than float32."""
     return use_cpu and not fp16 and cpu_has_bf16_units()
 
 
