@@ -628,8 +628,9 @@ class SourceLengthLimitLogitsProcessor(LogitsProcessor):
         rows_per_sentence = input_ids.shape[0] // self.max_new_tokens.shape[0]
         limits = self.max_new_tokens.to(input_ids.device).repeat_interleave(rows_per_sentence)
         at_limit = input_ids.shape[1] - self.decoder_prompt_length >= limits - 1
+        # `</s>` keeps the model's own score, so that a hypothesis ended here is scored as the model scores it
         only_eos = torch.full_like(scores, -math.inf)
-        only_eos[:, self.eos_token_id] = 0
+        only_eos[:, self.eos_token_id] = scores[:, self.eos_token_id]
         return torch.where(at_limit[:, None], only_eos, scores)
 
 

@@ -1,0 +1,111 @@
+"""vanilla-score: the model's score of given translations, one pair a line of two files (tools/scoring.py)."""
+
+import io
+import json
+import os
+import signal
+import sys
+
+from hf_vanilla_transformer.cli.flags import CommandParser, device_name, input_file, output_file, positive_int
+from hf_vanilla_transformer.cli.translate import Interrupted, raise_interrupted
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command: `argv` as on the command line (default: sys.argv[1:])."""
+    import torch
+
+    from hf_vanilla_transformer.tools.scoring import check_pairs, score_lines
+    from hf_vanilla_transformer.tools.translate import read_lines, translator_loader, write_lines
+
+    parser = CommandParser(
+        prog="vanilla-score",
+        description="Score given translations with a trained model (forced decoding): for each line of --target, "
+        "the log-probability the model gives it as the translation of the same line of --source. A CTranslate2 "
+        "folder (vanilla-export-ctranslate2) is scored with CTranslate2.",
+    )
+    parser.add_argument("--model", required=True, help="A model folder or a Hub id (downloaded, or from the cache).")
+    parser.add_argument(
+        "--source", type=input_file, required=True, help="File of source sentences, one a line ('-': standard input)."
+    )
+    parser.add_argument(
+        "--target", type=input_file, required=True, help="File of their translations, one a line ('-': standard input)."
+    )
+    parser.add_argument(
+        "--output", type=output_file, default="-", help="File to write the scores to ('-': standard output)."
+    )
+    parser.add_argument(
+        "--format",
+        choices=["plain", "jsonl"],
+        default="plain",
+        help="plain: each pair's log-probability, one a line; jsonl: a JSON object a line with log_probability, score "
+        "(log-probability / length^length_penalty, the model's length penalty, as beam search ranks), tokens and "
+        "token_log_probs.",
+    )
+    parser.add_argument("--batch_size", type=positive_int, default=32, help="Pairs scored together.")
+    parser.add_argument("--device", type=device_name, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        help="CPU threads: torch's (default 1), or for a CTranslate2 folder batches in parallel (default: one a core).",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="The model's dtype (auto: as vanilla-translate chooses it).",
+    )
+    args = parser.parse_args(argv)
+    if args.source == args.target == "-":
+        parser.error("argument --target: --source already reads standard input; give one of them as a file")
+    for name, path in (("--source", args.source), ("--target", args.target)):
+        if args.output != "-" and path != "-" and os.path.exists(args.output) and os.path.samefile(args.output, path):
+            parser.error(f"argument --output: {args.output} is the {name} file {path}; it would be replaced")
+    # the handlers for this command's work only: a caller (a test, a notebook) gets its own back afterwards
+    previous = {stop: signal.signal(stop, raise_interrupted) for stop in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
+            sys.stdout.reconfigure(encoding="utf-8")
+        torch.set_num_threads(args.threads or 1)  # one intra-op thread by default, as vanilla-translate
+        # what the model's folder refuses before the input is read, and bad input before the model is loaded
+        load_translator = translator_loader(args.model, args.device, args.dtype, threads=args.threads)
+        sources, targets = read_lines(args.source), read_lines(args.target)
+        names = (file_name(args.source), file_name(args.target))
+        try:
+            check_pairs(sources, targets, *names)
+        except ValueError as error:
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
+        translator = load_translator()
+        scores = score_lines(translator, sources, targets, args.batch_size, names)
+        if args.format == "plain":
+            lines = [str(score.log_probability) for score in scores]
+        else:
+            lines = [json_line(score, translator.tokenizer) for score in scores]
+        write_lines(args.output, lines)
+    except Interrupted as interruption:
+        print(f"\n{parser.prog}: interrupted; nothing was written", file=sys.stderr)
+        sys.exit(interruption.exit_code)
+    except (OSError, ValueError, ImportError) as error:
+        sys.exit(f"{parser.prog}: error: {error}")
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+
+
+def file_name(path: str) -> str:
+    return "standard input" if path == "-" else path
+
+
+def json_line(score, tokenizer) -> str:
+    """A pair's `SequenceScore` as one JSON object, its tokens as the tokenizer spells them."""
+    tokens = tokenizer.convert_ids_to_tokens(score.token_ids)
+    fields = {
+        "log_probability": score.log_probability,
+        "score": score.score,
+        "tokens": tokens,
+        "token_log_probs": score.token_log_probs,
+    }
+    return json.dumps(fields, ensure_ascii=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The model's score of given translations: forced decoding, as fairseq's `--score-reference`, marian-scorer and
+CTranslate2's `score_batch` compute it, for filtering a corpus, reranking n-best lists or quality estimation. What
+`vanilla-score` (cli/score.py) runs.
+
+Each target is tokenized as training tokenizes labels (`tokenizer(text_target=...)`, which appends `</s>`) and
+scored token by token under teacher forcing: log P(y_t | y_<t, x), the model's log-softmax computed in float32. The
+sum is log P(y | x), and the score what transformers' beam search ranks by, log P(y | x) / |y|^length_penalty:
+the same numbers `sequence_scores` (model/pipeline_translation.py) gives for a translation `generate()` produced.
+Pairs are scored in batches of similar length and returned in input order. A CTranslate2 folder (from
+`vanilla-export-ctranslate2`) is scored with CTranslate2's `score_batch`.
+"""
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from hf_vanilla_transformer.model.pipeline_translation import SequenceScore, scored
+from hf_vanilla_transformer.tools.translate import CTranslate2Translator
+
+# a chunk of pairs, each (source ids, target ids), to the scored target tokens and their log-probabilities
+ChunkScorer = Callable[[list[tuple[list[int], list[int]]]], list[tuple[list[int], list[float]]]]
+
+
+def score_translations(
+    model,
+    tokenizer,
+    sources: list[str],
+    targets: list[str],
+    batch_size: int = 32,
+    length_penalty: float | None = None,
+    names: tuple[str, str] = ("sources", "targets"),
+) -> list[SequenceScore]:
+    """The model's score of each target as the translation of the source on the same position (`SequenceScore`;
+    `length_penalty`, default the model's generation config's, makes its `score`). No gradient is computed; the
+    model must be in eval mode (dropout would make the scores random). A pair with an empty side, or a side longer
+    than the model's positions, is a ValueError naming its line as `names` (of sources, targets) say."""
+    if model.training:
+        raise ValueError("the model is in training mode, where dropout makes scores random: call model.eval() first")
+    if length_penalty is None:
+        length_penalty = model.generation_config.length_penalty
+    positions = model.config.max_position_embeddings
+    forced = functools.partial(forced_decoding, model)
+    return scored_pairs(tokenizer, sources, targets, positions, batch_size, forced, length_penalty, names)
+
+
+def score_lines(
+    translator,
+    sources: list[str],
+    targets: list[str],
+    batch_size: int = 32,
+    names: tuple[str, str] = ("sources", "targets"),
+) -> list[SequenceScore]:
+    """`score_translations` with a translator of tools/translate.py (`load_translator`): a model folder's, or a
+    CTranslate2 folder's, scored with CTranslate2 (several batches a call, as its threads take them). The length
+    penalty of `score` is the folder's generation config's. Another kind of folder (ONNX) is refused: its engine
+    gives no scores of given targets."""
+    if not isinstance(translator, CTranslate2Translator):
+        if not hasattr(translator, "model"):
+            raise ValueError(
+                f"{type(translator).__name__} cannot score given translations; score the model folder it came from"
+            )
+        return score_translations(translator.model, translator.tokenizer, sources, targets, batch_size, names=names)
+    forced = functools.partial(ctranslate2_forced_decoding, translator.translator, translator.tokenizer, batch_size)
+    chunk_size = batch_size * translator.batches_per_call
+    positions, length_penalty = translator.max_positions, translator.length_penalty
+    return scored_pairs(translator.tokenizer, sources, targets, positions, chunk_size, forced, length_penalty, names)
+
+
+def check_pairs(
+    sources: list[str], targets: list[str], source_name: str = "sources", target_name: str = "targets"
+) -> None:
+    """Refuse sources and targets that do not pair up line by line, or a pair with an empty (blank) side: there is
+    no sentence to score. Errors name the lines by `source_name` and `target_name` (a command: the files)."""
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"{source_name} has {len(sources)} lines and {target_name} has {len(targets)}: each target is the "
+            "translation of the source on the same line"
+        )
+    for name, lines in ((source_name, sources), (target_name, targets)):
+        blank = next((number for number, line in enumerate(lines, 1) if not line.strip()), None)
+        if blank is not None:
+            raise ValueError(f"{name}:{blank}: an empty line; each pair to score needs a sentence on both sides")
+
+
+def scored_pairs(
+    tokenizer,
+    sources: list[str],
+    targets: list[str],
+    max_positions: int,
+    chunk_size: int,
+    score_chunk: ChunkScorer,
+    length_penalty: float | None,
+    names: tuple[str, str],
+) -> list[SequenceScore]:
+    """Each pair tokenized (without the whitespace around a sentence, as the pipeline translates it), checked,
+    scored by `score_chunk` a chunk at a time, longest pairs first so that a chunk holds little padding, and
+    returned in input order."""
+    check_pairs(sources, targets, *names)
+    source_ids = tokenizer([line.strip() for line in sources])["input_ids"]
+    target_ids = tokenizer(text_target=[line.strip() for line in targets])["input_ids"]
+    for name, ids in zip(names, (source_ids, target_ids), strict=True):
+        too_long = next(((number, len(row)) for number, row in enumerate(ids, 1) if len(row) > max_positions), None)
+        if too_long is not None:
+            number, length = too_long
+            raise ValueError(f"{name}:{number}: {length} tokens, more than the model's {max_positions} positions")
+    order = sorted(range(len(sources)), key=lambda i: len(source_ids[i]) + len(target_ids[i]), reverse=True)
+    results: list[SequenceScore | None] = [None] * len(sources)
+    for start in range(0, len(order), chunk_size):
+        chunk = order[start : start + chunk_size]
+        outputs = score_chunk([(source_ids[i], target_ids[i]) for i in chunk])
+        for index, (tokens, log_probs) in zip(chunk, outputs, strict=True):
+            results[index] = scored(tokens, log_probs, length_penalty)
+    return results
+
+
+def padded(rows: list[list[int]], value: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows right-padded with `value` into one tensor, and the mask of their real positions."""
+    lengths = torch.tensor([len(row) for row in rows])
+    width = int(lengths.max())
+    ids = torch.tensor([row + [value] * (width - len(row)) for row in rows])
+    return ids, torch.arange(width)[None, :] < lengths[:, None]
+
+
+def forced_decoding(model, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[list[int], list[float]]]:
+    """Each target's tokens and their log-probabilities under teacher forcing, in one padded batch: the decoder
+    reads the target shifted right behind `<s>`, as in training (`prepare_decoder_input_ids_from_labels`), and the
+    log-softmax is taken in float32, as the training loss takes it."""
+    input_ids, attention_mask = padded([source for source, _ in pairs], model.config.pad_token_id)
+    labels, target_mask = padded([target for _, target in pairs], -100)  # -100: no token, as in training's labels
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels=labels)
+    with torch.no_grad():
+        logits = model(
+            input_ids=input_ids.to(model.device),
+            attention_mask=attention_mask.long().to(model.device),
+            decoder_input_ids=decoder_input_ids.to(model.device),
+        ).logits
+        log_probs = logits.float().log_softmax(-1)
+        token_log_probs = log_probs.gather(-1, labels.clamp(min=0).to(model.device)[..., None])[..., 0].cpu()
+    return [
+        (target, row[mask].tolist()) for (_, target), row, mask in zip(pairs, token_log_probs, target_mask, strict=True)
+    ]
+
+
+def ctranslate2_forced_decoding(
+    translator, tokenizer, batch_size: int, pairs: list[tuple[list[int], list[int]]]
+) -> list[tuple[list[int], list[float]]]:
+    """`forced_decoding` by `ctranslate2.Translator.score_batch`, `batch_size` pairs a batch. CTranslate2 starts
+    the target from `<s>` and appends `</s>` itself, so the target goes without its own; the tokens scored are
+    those CTranslate2 reports."""
+    eos = tokenizer.eos_token_id
+    results = translator.score_batch(
+        [tokenizer.convert_ids_to_tokens(source) for source, _ in pairs],
+        [tokenizer.convert_ids_to_tokens(target[:-1] if target[-1] == eos else target) for _, target in pairs],
+        max_batch_size=batch_size,
+        max_input_length=0,  # no truncation: the lengths were checked against the model's positions
+    )
+    return [(tokenizer.convert_tokens_to_ids(result.tokens), list(result.log_probs)) for result in results]
