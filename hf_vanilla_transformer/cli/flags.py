@@ -118,6 +118,22 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A finite number above 0: a temperature."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be above 0")
+    return value
+
+
+def probability(text: str) -> float:
+    """A finite number above 0 and at most 1: a cumulative probability (top-p)."""
+    value = finite_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} must be above 0 and at most 1")
+    return value
+
+
 def device_name(text: str) -> str:
     """A device torch can name (cpu, cuda, cuda:1, mps, ...); whether this machine has it is checked by the engine
     that runs on it (torch or CTranslate2), before the model is loaded."""

@@ -12,7 +12,9 @@ from hf_vanilla_transformer.cli.flags import (
     finite_float,
     input_file,
     output_file,
+    positive_float,
     positive_int,
+    probability,
 )
 
 
@@ -20,10 +22,18 @@ def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
     import torch
 
+    from hf_vanilla_transformer.files import InputError
     from hf_vanilla_transformer.tools.translate import (
         COMPUTE_TYPES,
+        OUTPUT_FORMATS,
+        Steering,
+        SteeringError,
+        check_request,
+        check_steering_of,
+        format_translations,
         read_lines,
-        translate_lines,
+        read_steering_files,
+        translate_lines_in_full,
         translator_loader,
         write_lines,
     )
@@ -31,10 +41,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = CommandParser(
         prog="vanilla-translate",
         description="Translate a file or standard input with a trained model, one sentence a line. Empty lines stay "
-        "empty; decoding is the model's own (for ours the paper's) unless flags say otherwise; a CTranslate2 folder "
-        "(vanilla-export-ctranslate2) is translated with CTranslate2.",
+        "empty; decoding is the model's own (for ours the paper's) unless flags say otherwise. A CTranslate2 folder "
+        "(vanilla-export-ctranslate2) is translated with CTranslate2, an ONNX folder (vanilla-export-onnx) greedily "
+        "with ONNX Runtime; several --model folders decode together as an ensemble.",
     )
-    parser.add_argument("--model", required=True, help="A model folder or a Hub id (downloaded, or from the cache).")
+    parser.add_argument(
+        "--model",
+        required=True,
+        action="extend",
+        nargs="+",
+        help="A model folder or a Hub id (downloaded, or from the cache); several (--model A B, or --model A "
+        "--model B): an ensemble that averages the models' log-probabilities at every step.",
+    )
     parser.add_argument(
         "--input", type=input_file, default="-", help="File of sentences, one a line ('-': standard input)."
     )
@@ -47,14 +65,57 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch_size", type=positive_int, default=32, help="Sentences translated together.")
     parser.add_argument("--device", type=device_name, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
     parser.add_argument(
-        "--threads", type=positive_int,
+        "--threads",
+        type=positive_int,
         help="CPU threads: torch's (default 1, as fast as two on an idle CPU and twice as fast beside another job), "
         "or for a CTranslate2 folder batches in parallel, one thread each (default: one a core).",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
         help="The model's dtype (auto: bfloat16 on a CPU with bfloat16 units, float32 elsewhere).",
-    )  # fmt: skip
+    )
+    steer = parser.add_argument_group("steering the translation")
+    steer.add_argument(
+        "--n_best",
+        type=positive_int,
+        help="Write the N best hypotheses of each line with their scores (`line ||| translation ||| score ||| "
+        "log-probability`; the beam is raised to N where it is smaller and --num_beams is not given).",
+    )
+    steer.add_argument(
+        "--format",
+        choices=OUTPUT_FORMATS,
+        default="plain",
+        help="plain: a translation a line (with --n_best, a hypothesis a line); jsonl: a JSON object a line with "
+        "each hypothesis' score, log-probability, tokens and their log-probabilities.",
+    )
+    steer.add_argument(
+        "--prefix",
+        type=input_file,
+        help="File of target prefixes, one per input line (empty: none): each translation starts with its line's "
+        "prefix and the model continues it.",
+    )
+    steer.add_argument(
+        "--constraints",
+        type=input_file,
+        help="File of terminology constraints, one JSON list of target words or phrases per input line (empty or "
+        "[]: none): each translation contains them all (lexically constrained beam search).",
+    )
+    steer.add_argument(
+        "--alignments",
+        action="store_true",
+        help="Add the source-target word alignment of each translation (`i-j` pairs, source word first, from 0) "
+        "from the encoder-decoder attention.",
+    )
+    sample = parser.add_argument_group("sampling (for back-translation)")
+    sample.add_argument(
+        "--do_sample", action="store_true", help="Sample each token instead of searching (one beam unless --num_beams)."
+    )
+    sample.add_argument("--top_k", type=positive_int, help="Sample from the k most likely tokens only.")
+    sample.add_argument("--top_p", type=probability, help="Sample from the smallest set of tokens this likely.")
+    sample.add_argument("--temperature", type=positive_float, help="Divide the logits by this before sampling.")
+    sample.add_argument("--seed", type=int, help="Random seed: the same seed gives the same samples.")
     fast = parser.add_argument_group("CTranslate2 folders (from vanilla-export-ctranslate2)")
     fast.add_argument("--compute_type", choices=COMPUTE_TYPES, help="The type to compute in (default: as saved).")
     fast.add_argument(
@@ -63,13 +124,47 @@ def main(argv: list[str] | None = None) -> None:
     fast.add_argument("--intra_threads", type=positive_int, help="Threads per batch (default: 1 on a CPU).")
     args = parser.parse_args(argv)
     # the same file by any path, a link included
-    if (
-        args.output != "-"
-        and args.input != "-"
-        and os.path.exists(args.output)
-        and os.path.samefile(args.output, args.input)
-    ):
-        parser.error(f"argument --output: {args.output} is the input file {args.input}; it would be replaced")
+    for flag in ("input", "prefix", "constraints"):
+        path = getattr(args, flag)
+        if (
+            args.output != "-"
+            and path not in (None, "-")
+            and os.path.exists(args.output)
+            and os.path.samefile(args.output, path)
+        ):
+            parser.error(f"argument --output: {args.output} is the {flag} file {path}; it would be replaced")
+    sampling = {"top_k": args.top_k, "top_p": args.top_p, "temperature": args.temperature}
+    if not args.do_sample and any(value is not None for value in sampling.values()):
+        flag = next(name for name, value in sampling.items() if value is not None)
+        parser.error(f"argument --{flag}: only with --do_sample")
+    if args.prefix and args.constraints:
+        parser.error("argument --prefix: not with --constraints (constrained beam search starts from nothing)")
+    if args.constraints and args.do_sample:
+        parser.error("argument --constraints: not with --do_sample (constraints are met by beam search)")
+    decoding = {
+        "num_beams": args.num_beams,
+        "length_penalty": args.length_penalty,
+        "max_new_tokens": args.max_new_tokens,
+        **sampling,
+    }
+    if args.n_best and args.num_beams and args.n_best > args.num_beams and not args.do_sample:
+        parser.error(f"argument --n_best: {args.n_best} is more than --num_beams {args.num_beams}")
+    if args.do_sample:
+        decoding["do_sample"] = True
+    generate_kwargs = {key: value for key, value in decoding.items() if value is not None}
+    steering = Steering(  # the per-line prefixes and constraints are read below
+        n_best=args.n_best or 1,
+        scores=args.n_best is not None or args.format == "jsonl",
+        alignments=args.alignments,
+        prefixes=[] if args.prefix else None,
+        constraints=[] if args.constraints else None,
+    )
+    try:
+        check_request(args.model, steering, generate_kwargs)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.do_sample:  # sampling draws one sequence a beam: plain sampling unless a beam is asked for
+        generate_kwargs.setdefault("num_beams", 1)
     # the handlers for this command's work only: a caller (a test, a notebook) gets its own back afterwards
     previous = {stop: signal.signal(stop, raise_interrupted) for stop in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -81,18 +176,33 @@ def main(argv: list[str] | None = None) -> None:
         # what the model's folder refuses (a missing package, a device this machine lacks) before the input is
         # read, and a bad line of input before the model is loaded
         load_translator = translator_loader(
-            args.model, args.device, args.dtype, threads=args.threads, compute_type=args.compute_type,
-            inter_threads=args.inter_threads, intra_threads=args.intra_threads,
-        )  # fmt: skip
-        lines = read_lines(args.input)
-        translator = load_translator()
-        decoding = {"num_beams": args.num_beams, "length_penalty": args.length_penalty,
-                    "max_new_tokens": args.max_new_tokens}  # fmt: skip
-        generate_kwargs = {key: value for key, value in decoding.items() if value is not None}
-        translations = translate_lines(
-            translator, lines, args.batch_size, generate_kwargs, show_progress=args.input != "-"
+            args.model,
+            args.device,
+            args.dtype,
+            threads=args.threads,
+            # alignments read attention weights, which only the eager path returns
+            attn_implementation="eager" if args.alignments and len(args.model) == 1 else None,
+            compute_type=args.compute_type,
+            inter_threads=args.inter_threads,
+            intra_threads=args.intra_threads,
         )
-        write_lines(args.output, translations)
+        lines = read_lines(args.input)
+        try:
+            steering = read_steering_files(steering, lines, args.input, args.prefix, args.constraints)
+            check_steering_of(args.model[0], lines, steering, args.max_new_tokens)
+        except (SteeringError, InputError) as error:
+            parser.error(str(error))
+        translator = load_translator()
+        beams = generate_kwargs.get("num_beams", translator.num_beams)
+        if steering.n_best > beams and not args.do_sample:
+            generate_kwargs["num_beams"] = steering.n_best
+            print(f"{parser.prog}: the beam is raised from {beams} to --n_best {args.n_best}", file=sys.stderr)
+        if args.seed is not None:
+            translator.set_seed(args.seed)
+        found = translate_lines_in_full(
+            translator, lines, args.batch_size, generate_kwargs, show_progress=args.input != "-", steering=steering
+        )
+        write_lines(args.output, format_translations(found, args.format, n_best=args.n_best is not None))
     except Interrupted as interruption:
         print(f"\n{parser.prog}: interrupted; nothing was written", file=sys.stderr)
         sys.exit(interruption.exit_code)

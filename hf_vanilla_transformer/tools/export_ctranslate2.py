@@ -29,6 +29,7 @@ from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.loading import ModelFolderError, load_model_and_tokenizer
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
+from hf_vanilla_transformer.tools.alignment import DEFAULT_LAYER
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16", "int8_bfloat16")
 # what our folder carries besides the weights that the export keeps (the weights become model.bin)
@@ -149,6 +150,10 @@ def _converter_class():
                 config.encoder_attention_heads,
                 pre_norm=config.layer_norm_position == "pre",
                 activation=activations[config.activation_function],
+                # the attention vanilla-translate --alignments reads, as tools/alignment.py's defaults: the last
+                # layer's, averaged over all its heads
+                alignment_layer=DEFAULT_LAYER,
+                alignment_heads=config.decoder_attention_heads,
             )
             self.set_stack(spec.encoder, model.model.encoder)
             self.set_stack(spec.decoder, model.model.decoder)

@@ -15,17 +15,21 @@ from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.loading import load_tokenizer
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
 from hf_vanilla_transformer.tools.export_onnx import ONNX_FOLDER, QUANTIZED, output_names, past_names
+from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, Translator
 
 
 def is_onnx_folder(path: str) -> bool:
     return os.path.isfile(os.path.join(path, ONNX_FOLDER, "decoder_model_merged.onnx"))
 
 
-class OnnxTranslator:
+class OnnxTranslator(Translator):
     """The folder's graphs in ONNX Runtime sessions on the CPU (`quantized`: the int8 ones), `threads` threads
-    each (None: ONNX Runtime's default, every core)."""
+    each (None: ONNX Runtime's default, every core). Greedy decoding, the best translation only: n-best lists,
+    scores, prefixes, constraints, alignments and sampling are refused (`check_request`)."""
 
-    batches_per_call = 1
+    engine = "ONNX Runtime (greedy)"
+    num_beams = 1
+    decoding = frozenset({"max_new_tokens"})
 
     def __init__(self, model_path: str, quantized: bool = False, threads: int | None = None):
         onnxruntime = require("onnxruntime", "translating an ONNX folder")
@@ -44,6 +48,7 @@ class OnnxTranslator:
         generation = GenerationConfig.from_pretrained(model_path)
         self.max_positions = generation.max_length or self.config.max_position_embeddings
         self.new_tokens_over_source = source_length_margin(generation)
+        self.suppress_tokens = generation.suppress_tokens or []  # never written, as generate() never writes them
         self.past_names = past_names(self.config.decoder_layers)
         self.present_names = output_names(self.config.decoder_layers)[1 : 1 + len(self.past_names)]
 
@@ -65,10 +70,17 @@ class OnnxTranslator:
         while not done.all() and len(generated) < longest:
             logits, *presents = self.decoder.run(
                 ["logits", *self.present_names],
-                {"input_ids": step, "encoder_attention_mask": attention_mask, "encoder_hidden_states": hidden,
-                 "use_cache_branch": np.array([bool(generated)]), **past},
-            )  # fmt: skip
-            tokens = logits[:, -1].argmax(-1)
+                {
+                    "input_ids": step,
+                    "encoder_attention_mask": attention_mask,
+                    "encoder_hidden_states": hidden,
+                    "use_cache_branch": np.array([bool(generated)]),
+                    **past,
+                },
+            )
+            scores = logits[:, -1]
+            scores[:, self.suppress_tokens] = -np.inf
+            tokens = scores.argmax(-1)
             tokens = np.where(len(generated) >= limits - 1, config.eos_token_id, tokens)  # the last allowed token
             tokens = np.where(done, config.pad_token_id, tokens)
             generated.append(tokens)
@@ -77,13 +89,18 @@ class OnnxTranslator:
             past = dict(zip(self.past_names, presents, strict=True))
         return np.stack(generated, axis=1)
 
-    def translate(self, sentences: list[str], batch_size: int, max_new_tokens: int | None = None) -> list[str]:
+    def hypotheses(
+        self, sentences: list[str], batch_size: int, steering: Steering | None = None, max_new_tokens: int | None = None
+    ) -> list[list[Hypothesis]]:
         translations = []
         for start in range(0, len(sentences), batch_size):
             batch = self.tokenizer(
-                sentences[start : start + batch_size], truncation=True, max_length=self.max_positions,
-                padding=True, return_tensors="np",
-            )  # fmt: skip
+                sentences[start : start + batch_size],
+                truncation=True,
+                max_length=self.max_positions,
+                padding=True,
+                return_tensors="np",
+            )
             ids = self.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens)
             translations += self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        return translations
+        return [[Hypothesis(text)] for text in translations]

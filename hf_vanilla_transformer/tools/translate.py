@@ -7,7 +7,10 @@ model's own (for ours the paper's: beam 4, length penalty 0.6, at most source le
 translated with CTranslate2 (the [fast] extra), with the same decoding: many times faster on a CPU.
 """
 
+import dataclasses
 import functools
+import itertools
+import json
 import logging
 import os
 import sys
@@ -15,17 +18,24 @@ from collections.abc import Callable
 
 import torch
 from tqdm.auto import tqdm
+from transformers.generation import LogitsProcessorList
 
 from hf_vanilla_transformer.extras import require
-from hf_vanilla_transformer.files import decoded_lines, numbered_lines, write_text_atomically
+from hf_vanilla_transformer.files import InputError, decoded_lines, numbered_lines, write_text_atomically
 from hf_vanilla_transformer.hardware import check_device, check_torch_device, cpu_has_bf16_units, default_device
 from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer, model_folder
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
+from hf_vanilla_transformer.model.pipeline_translation import sequence_scores
+from hf_vanilla_transformer.tools.alignment import format_alignment
 from hf_vanilla_transformer.tools.export_ctranslate2 import QUANTIZATIONS, is_ctranslate2_folder
+from hf_vanilla_transformer.tools.prefix import PrefixLogitsProcessor, prefix_token_ids
+from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, SteeringError, Translator, length_limit
 
 logger = logging.getLogger("vanilla-translate")
 # CTranslate2's compute_type: the weights' type as saved (default), the fastest this device has (auto), or one named
 COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
+OUTPUT_FORMATS = ("plain", "jsonl")
+NBEST_SEPARATOR = " ||| "  # between the fields of an n-best line, as fairseq, Moses and Marian write them
 
 
 def read_lines(path: str) -> list[str]:
@@ -34,62 +44,224 @@ def read_lines(path: str) -> list[str]:
     return [line.rstrip("\r\n") for _, line in numbered]
 
 
-def load_translator(model_path: str, device: str | None, dtype: str = "auto", threads: int | None = None,
-                    **ctranslate2_options):  # fmt: skip
+def read_constraints(path: str) -> list[list[str]]:
+    """A constraints file: per line a JSON list of the words or phrases that line's translation must contain (a
+    blank line: none). Anything else is refused, naming the file and line."""
+    constraints = []
+    for number, line in numbered_lines(path):
+        try:
+            phrases = json.loads(line) if line.strip() else []
+        except json.JSONDecodeError as error:
+            raise InputError(f"{path}:{number}: not JSON ({error.msg}); write a list of strings") from None
+        if not isinstance(phrases, list) or not all(isinstance(phrase, str) for phrase in phrases):
+            raise InputError(f"{path}:{number}: not a JSON list of strings")
+        constraints.append(phrases)
+    return constraints
+
+
+def format_translations(found: list[list[Hypothesis]], form: str = "plain", n_best: bool = False) -> list[str]:
+    """The output lines for the hypotheses of each input line. plain: the best translation a line, or with `n_best`
+    each hypothesis as `line ||| translation ||| score ||| log-probability` (the input line counted from 0, as in
+    Moses' and fairseq's n-best lists); an alignment, where there is one, follows as a last `||| i-j ...` field.
+    jsonl: one JSON object an input line, {"translations": [...]}, each hypothesis with what it holds."""
+    if form == "jsonl":
+        return [
+            json.dumps({"translations": [hypothesis_fields(h) for h in hypotheses]}, ensure_ascii=False)
+            for hypotheses in found
+        ]
+    lines = []
+    for number, hypotheses in enumerate(found):
+        for hypothesis in hypotheses if n_best else hypotheses[:1]:
+            fields = [hypothesis.text]
+            if n_best:
+                fields = [str(number), hypothesis.text, f"{hypothesis.score:.4f}", f"{hypothesis.log_probability:.4f}"]
+            if hypothesis.alignment is not None:
+                fields.append(format_alignment(hypothesis.alignment))
+            lines.append(NBEST_SEPARATOR.join(fields))
+    return lines
+
+
+def hypothesis_fields(hypothesis: Hypothesis) -> dict:
+    """A hypothesis as JSON: the translation and what it holds besides, the alignment as `i-j` pairs."""
+    fields = {"translation": hypothesis.text}
+    for name in ("score", "log_probability", "tokens", "token_log_probs"):
+        if getattr(hypothesis, name) is not None:
+            fields[name] = getattr(hypothesis, name)
+    if hypothesis.alignment is not None:
+        fields["alignment"] = format_alignment(hypothesis.alignment)
+    return fields
+
+
+def load_translator(
+    model_path: str | list[str],
+    device: str | None,
+    dtype: str = "auto",
+    threads: int | None = None,
+    **ctranslate2_options,
+):
     """The folder's translator (`translator_loader`'s, loaded)."""
     return translator_loader(model_path, device, dtype, threads, **ctranslate2_options)()
 
 
-def translator_loader(model_path: str, device: str | None, dtype: str = "auto", threads: int | None = None,
-                      **ctranslate2_options) -> Callable[[], "PipelineTranslator | CTranslate2Translator"]:  # fmt: skip
+def translator_kind(model_paths: list[str]) -> type["Translator"]:
+    """The translator class the folders are translated with: a CTranslate2 or an ONNX folder by its engine, model
+    folders (one, or several as an ensemble) by our model's `generate()`; an ensemble of exports is refused."""
+    from hf_vanilla_transformer.tools.onnx_runtime import OnnxTranslator, is_onnx_folder
+
+    def kind(path: str) -> type[Translator]:
+        if is_ctranslate2_folder(path):
+            return CTranslate2Translator
+        return OnnxTranslator if is_onnx_folder(path) else ModelTranslator
+
+    exports = [path for path in model_paths if kind(path) is not ModelTranslator]
+    if len(model_paths) > 1 and exports:
+        raise ValueError(f"{exports[0]} is an export; only model folders decode together as an ensemble")
+    return kind(model_paths[0])
+
+
+def translator_loader(
+    model_path: str | list[str],
+    device: str | None,
+    dtype: str = "auto",
+    threads: int | None = None,
+    attn_implementation: str | None = None,
+    **ctranslate2_options,
+) -> Callable[[], "Translator"]:
     """A function that loads the folder's translator: for a CTranslate2 folder (from export_ctranslate2)
     ctranslate2.Translator with `ctranslate2_options` (compute_type, inter_threads, intra_threads; None: the
-    default) and `threads` as the default inter_threads, for any other our TranslationPipeline with the model in
-    `dtype` (`translation_dtype`). What can be refused without loading is refused here, at once: an option
-    for the other kind of folder, a device this machine lacks, a missing ctranslate2 package, a compute type the
-    device lacks."""
-    model_path = model_folder(model_path)
+    default) and `threads` as the default inter_threads, for an ONNX folder (export_onnx) ONNX Runtime with `threads`,
+    for any other the model in `dtype` (`translation_dtype`) on the attention path `attn_implementation` (default:
+    transformers'; "eager" gives alignments without a copy of the model); several model folders decode together as an
+    ensemble (tools/ensemble.py). What can be refused without loading is refused here, at once: an option for
+    another kind of folder, an ensemble of exports, a device this machine lacks, a missing package, a compute type
+    the device lacks."""
+    paths = [model_folder(path) for path in ([model_path] if isinstance(model_path, str) else model_path)]
+    kind = translator_kind(paths)
     options = {name: value for name, value in ctranslate2_options.items() if value is not None}
-    if is_ctranslate2_folder(model_path):
+    if kind is CTranslate2Translator:
         if dtype != "auto":
-            raise ValueError(f"dtype {dtype} is for model folders; {model_path} is a CTranslate2 folder (compute_type)")
+            raise ValueError(f"dtype {dtype} is for model folders; {paths[0]} is a CTranslate2 folder (compute_type)")
         options = {"inter_threads": threads, **options}
         ctranslate2_device(device, options.get("compute_type", "default"))
-        return functools.partial(CTranslate2Translator, model_path, device, **options)
+        return functools.partial(CTranslate2Translator, paths[0], device, **options)
     if options:
         name, value = next(iter(options.items()))
-        raise ValueError(f"{name} {value} is for CTranslate2 folders; {model_path} is a model folder (dtype)")
+        raise ValueError(f"{name} {value} is for CTranslate2 folders; {paths[0]} is not one")
+    if kind is not ModelTranslator:
+        if dtype != "auto":
+            raise ValueError(f"dtype {dtype} is for model folders; {paths[0]} is an ONNX folder")
+        check_device(device or "cpu", "ONNX Runtime (CPU)", None, 0)
+        require("onnxruntime", "translating an ONNX folder")
+        return functools.partial(kind, paths[0], threads=threads)
     check_torch_device(default_device(device))
-    return functools.partial(PipelineTranslator, model_path, device, translation_dtype(dtype, device))
+    return functools.partial(ModelTranslator, paths, device, translation_dtype(dtype, device), attn_implementation)
 
 
-class PipelineTranslator:
-    """Translation with the model's `generate()` through our TranslationPipeline, one batch at a time."""
+def check_request(model_paths: list[str], steering: Steering, generate_kwargs: dict) -> None:
+    """Refuses, in one line naming the folder, what its kind of translator cannot do (`translator_kind`), before
+    anything is loaded or read."""
+    kind = translator_kind(model_paths)
+    unable = [name for name in steering.requested() if name not in kind.features]
+    unable += [name for name in generate_kwargs if name not in kind.decoding]
+    if unable:
+        raise ValueError(f"{model_paths[0]} is translated by {kind.engine}, which cannot give {', '.join(unable)}")
 
-    batches_per_call = 1
 
-    def __init__(self, model_path: str, device: str | None, dtype=None):
-        from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline
+class ModelTranslator(Translator):
+    """Translation with the model's `generate()` (several models: an ensemble, tools/ensemble.py), one batch at a
+    time: prefixes through a logits processor (tools/prefix.py), constraints by constrained beam search
+    (tools/constraints.py), scores from generate()'s own logits (`sequence_scores`), alignments from the
+    encoder-decoder attention of each translation (tools/alignment.py)."""
 
-        model, self.tokenizer = load_model_and_tokenizer(model_path, device, dtype)
-        self.max_positions = model.config.max_position_embeddings
-        self.pipeline = TranslationPipeline(model=model, tokenizer=self.tokenizer, device=model.device)
+    engine = "generate()"
+    features = frozenset({"n_best", "scores", "alignments", "prefixes", "constraints"})
+    decoding = frozenset(
+        {"num_beams", "length_penalty", "max_new_tokens", "do_sample", "top_k", "top_p", "temperature"}
+    )
 
-    def translate(self, sentences: list[str], batch_size: int, **generate_kwargs) -> list[str]:
+    def __init__(self, model_paths: list[str], device: str | None, dtype=None, attn_implementation: str | None = None):
+        if len(model_paths) > 1:
+            from hf_vanilla_transformer.tools.ensemble import load_ensemble
+
+            self.model, self.tokenizer = load_ensemble(model_paths, device, dtype)
+        else:
+            self.model, self.tokenizer = load_model_and_tokenizer(model_paths[0], device, dtype, attn_implementation)
+        self.model_paths = model_paths
+        self.max_positions = self.model.config.max_position_embeddings
+        self.generation_config = self.model.generation_config
+        self.new_tokens_over_source = source_length_margin(self.generation_config)
+        self.num_beams = self.generation_config.num_beams or 1
+
+    def hypotheses(self, sentences: list[str], batch_size: int, steering: Steering, **generate_kwargs):
+        batch = self.tokenizer(
+            sentences, truncation=True, max_length=self.max_positions, padding=True, return_tensors="pt"
+        ).to(self.model.device)
         if "max_new_tokens" in generate_kwargs:  # --max_new_tokens replaces the model's max_length, which transformers
             generate_kwargs["max_length"] = None  # would otherwise warn about at every batch, and then ignore anyway
-        outputs = self.pipeline(sentences, batch_size=batch_size, **generate_kwargs)
-        return [output["translation_text"] for output in outputs]
+        count = steering.n_best
+        if steering.constraints is not None and any(steering.constraints):
+            from hf_vanilla_transformer.tools.constraints import constrained_beam_search, constraint_token_ids
+
+            constraints = [constraint_token_ids(self.tokenizer, phrases) for phrases in steering.constraints]
+            output = constrained_beam_search(
+                self.model,
+                batch["input_ids"],
+                batch["attention_mask"],
+                constraints,
+                num_return_sequences=count,
+                **{key: value for key, value in generate_kwargs.items() if key != "max_length"},
+            )
+        else:
+            processors = LogitsProcessorList()
+            if steering.prefixes is not None:
+                processors.append(PrefixLogitsProcessor(prefix_token_ids(self.tokenizer, steering.prefixes)))
+            output = self.model.generate(
+                **batch,
+                logits_processor=processors,
+                num_return_sequences=count,
+                return_dict_in_generate=True,
+                output_logits=steering.scores,
+                **generate_kwargs,
+            )
+        texts = self.tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
+        found = [Hypothesis(text) for text in texts]
+        if steering.scores:
+            length_penalty = generate_kwargs.get("length_penalty", self.generation_config.length_penalty)
+            for hypothesis, scored in zip(found, sequence_scores(self.model, output, length_penalty), strict=True):
+                hypothesis.score, hypothesis.log_probability = scored.score, scored.log_probability
+                hypothesis.tokens = self.tokenizer.convert_ids_to_tokens(scored.token_ids)
+                hypothesis.token_log_probs = scored.token_log_probs
+        if steering.alignments:
+            from hf_vanilla_transformer.tools.alignment import align
+
+            sources = [sentence for sentence in sentences for _ in range(count)]
+            # an ensemble's alignments are its first model's: attention weights do not average into words
+            aligner = getattr(self.model, "members", [self.model])[0]
+            for hypothesis, pairs in zip(found, align(aligner, self.tokenizer, sources, texts), strict=True):
+                hypothesis.alignment = pairs
+        return [found[start : start + count] for start in range(0, len(found), count)]
 
 
-class CTranslate2Translator:
+class CTranslate2Translator(Translator):
     """Translation with `ctranslate2.Translator`, decoding as the model's generation config says (for ours the
     paper's: beam 4, length penalty 0.6, at most the source length + 50 tokens). CTranslate2 takes one length
     limit per call, so a batch decodes up to its longest source + 50 and each translation is then cut to its own
-    source's limit: exactly what generate() gives for greedy decoding; a beam that reaches the limit may differ."""
+    source's limit: exactly what generate() gives for greedy decoding; a beam that reaches the limit may differ.
+    n-best lists, prefixes, sampling and the attention for alignments are CTranslate2's own `translate_batch`
+    options; the tokens' log-probabilities come from its `score_batch`. Constraints and ensembles it has not."""
 
-    def __init__(self, model_path: str, device: str | None, compute_type: str = "default",
-                 inter_threads: int | None = None, intra_threads: int | None = None):  # fmt: skip
+    engine = "CTranslate2"
+    features = frozenset({"n_best", "scores", "alignments", "prefixes"})
+    decoding = ModelTranslator.decoding
+
+    def __init__(
+        self,
+        model_path: str,
+        device: str | None,
+        compute_type: str = "default",
+        inter_threads: int | None = None,
+        intra_threads: int | None = None,
+    ):
         from transformers import GenerationConfig
 
         device = ctranslate2_device(device, compute_type)
@@ -101,6 +273,9 @@ class CTranslate2Translator:
         self.num_beams = generation.num_beams or 1
         self.length_penalty = generation.length_penalty
         self.new_tokens_over_source = source_length_margin(generation)
+        # tokens the generation config never lets generate() write (`suppress_tokens`), as CTranslate2 names them
+        suppressed = self.tokenizer.convert_ids_to_tokens(generation.suppress_tokens or [])
+        self.suppress_sequences = [[token] for token in suppressed] or None
         # on a CPU, one batch per core, each on one thread, beats all cores on one batch: 2.3x here for int8
         # (BENCHMARKS.md); a call hands over several batches so that every worker has one
         on_cpu = device.type == "cpu"
@@ -109,18 +284,32 @@ class CTranslate2Translator:
         self.batches_per_call = 2 * inter_threads
         # CTranslate2 names a device by its type and index apart: cuda:1 is device="cuda", device_index=1
         self.translator = ctranslate2.Translator(
-            model_path, device=device.type, device_index=device.index or 0, compute_type=compute_type,
-            inter_threads=inter_threads, intra_threads=intra_threads,
-        )  # fmt: skip
+            model_path,
+            device=device.type,
+            device_index=device.index or 0,
+            compute_type=compute_type,
+            inter_threads=inter_threads,
+            intra_threads=intra_threads,
+        )
 
-    def translate(
+    def set_seed(self, seed: int) -> None:
+        import ctranslate2
+
+        ctranslate2.set_random_seed(seed)
+
+    def hypotheses(
         self,
         sentences: list[str],
         batch_size: int,
+        steering: Steering,
         num_beams: int | None = None,
         length_penalty: float | None = None,
         max_new_tokens: int | None = None,
-    ) -> list[str]:
+        do_sample: bool = False,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        temperature: float | None = None,
+    ):
         ids = self.tokenizer(sentences, truncation=True, max_length=self.max_positions)["input_ids"]
         if max_new_tokens is not None:
             limits = [max_new_tokens] * len(ids)
@@ -129,19 +318,80 @@ class CTranslate2Translator:
         else:
             limits = [self.max_positions] * len(ids)
         limits = [min(limit, self.max_positions) for limit in limits]
-        results = self.translator.translate_batch(
-            [self.tokenizer.convert_ids_to_tokens(source) for source in ids],
-            beam_size=num_beams or self.num_beams,
+        source_tokens = [self.tokenizer.convert_ids_to_tokens(source) for source in ids]
+        # sampling draws from the whole distribution unless top_k narrows it (CTranslate2's default, 1, is greedy)
+        sampling = (
+            {"sampling_topk": top_k or 0, "sampling_topp": top_p or 1.0, "sampling_temperature": temperature or 1.0}
+            if do_sample
+            else {}
+        )
+        prefixes = None
+        if steering.prefixes is not None:
+            prefixes = [
+                self.tokenizer.convert_ids_to_tokens(p) for p in prefix_token_ids(self.tokenizer, steering.prefixes)
+            ]
+        options = dict(
+            beam_size=1 if do_sample else num_beams or self.num_beams,
+            num_hypotheses=steering.n_best,
             length_penalty=self.length_penalty if length_penalty is None else length_penalty,
             max_decoding_length=max(limits),
             max_batch_size=batch_size,
+            return_scores=steering.scores,
+            return_attention=steering.alignments,
+            suppress_sequences=self.suppress_sequences,
+            **sampling,
         )
-        return [
-            self.tokenizer.decode(
-                self.tokenizer.convert_tokens_to_ids(result.hypotheses[0][:limit]), skip_special_tokens=True
+        # in a beam search over sources of different lengths, CTranslate2's attention of the first target token
+        # weighs the padding: for alignments, each call holds sources of one length (the lines come sorted by it)
+        groups = [len(source) for source in source_tokens] if steering.alignments else [0] * len(source_tokens)
+        results = []
+        for _, members in itertools.groupby(range(len(source_tokens)), key=groups.__getitem__):
+            members = list(members)
+            results += self.translator.translate_batch(
+                [source_tokens[i] for i in members],
+                target_prefix=None if prefixes is None else [prefixes[i] for i in members],
+                **options,
             )
-            for result, limit in zip(results, limits, strict=True)
+        outputs = [
+            [tokens[:limit] for tokens in result.hypotheses] for result, limit in zip(results, limits, strict=True)
         ]
+        found = [[Hypothesis(self.decode(tokens)) for tokens in hypotheses] for hypotheses in outputs]
+        flat = [hypothesis for hypotheses in found for hypothesis in hypotheses]
+        sources = [source for source, hypotheses in zip(source_tokens, outputs, strict=True) for _ in hypotheses]
+        targets = [tokens for hypotheses in outputs for tokens in hypotheses]
+        if steering.scores:
+            ranked = [score for result in results for score in result.scores]
+            scored = self.translator.score_batch(sources, targets, max_batch_size=batch_size)
+            for hypothesis, score, result in zip(flat, ranked, scored, strict=True):
+                hypothesis.score, hypothesis.log_probability = score, sum(result.log_probs)
+                hypothesis.tokens, hypothesis.token_log_probs = result.tokens, result.log_probs
+        if steering.alignments:
+            attention = [weights for result in results for weights in result.attention]
+            for hypothesis, source, target, weights in zip(flat, sources, targets, attention, strict=True):
+                hypothesis.alignment = token_attention_alignment(self.tokenizer, source, target, weights)
+        return found
+
+    def decode(self, tokens: list[str]) -> str:
+        return self.tokenizer.decode(self.tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True)
+
+
+def token_attention_alignment(tokenizer, source: list[str], target: list[str], weights: list[list[float]]):
+    """Word alignment of a source and a translation, both as tokens (`source` ending in `</s>`), from one attention
+    matrix between them (a row per target token, a column per source token: CTranslate2's `return_attention`),
+    turned into words as tools/alignment.py turns our model's attention."""
+    from hf_vanilla_transformer.tools.alignment import DEFAULT_METHOD, most_attended, token_words, word_attention
+
+    words = []
+    for tokens in (source, target):
+        ids = tokenizer.convert_tokens_to_ids(tokens)
+        # each token's span in the decoded text: what decoding it adds
+        ends = [len(tokenizer.decode(ids[: end + 1], skip_special_tokens=True)) for end in range(len(ids))]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        words.append((token_words(text, list(zip([0, *ends[:-1]], ends, strict=True))), len(text.split())))
+    (source_words, source_count), (target_words, target_count) = words
+    attention = torch.tensor(weights)[None, None, : len(target)]  # one layer, one head: CTranslate2's average
+    pooled = word_attention(attention, source_words, target_words, (source_count, target_count))
+    return most_attended(pooled.of(0, None, "predicting"), DEFAULT_METHOD)
 
 
 def ctranslate2_device(device: str | None, compute_type: str):
@@ -150,8 +400,9 @@ def ctranslate2_device(device: str | None, compute_type: str):
     ctranslate2 = require("ctranslate2", "translating a CTranslate2 folder")
     cuda_devices = ctranslate2.get_cuda_device_count()
     engine = f"CTranslate2 {ctranslate2.__version__}"
-    device = check_device(device or ("cuda" if cuda_devices else "cpu"), engine, "cuda" if cuda_devices else None,
-                          cuda_devices)  # fmt: skip
+    device = check_device(
+        device or ("cuda" if cuda_devices else "cpu"), engine, "cuda" if cuda_devices else None, cuda_devices
+    )
     supported = ctranslate2.get_supported_compute_types(device.type, device.index or 0)
     if compute_type not in ("default", "auto", *supported):
         types = ", ".join(sorted(supported))
@@ -160,9 +411,25 @@ def ctranslate2_device(device: str | None, compute_type: str):
 
 
 def translate_lines(translator, lines: list[str], batch_size: int, generate_kwargs: dict, show_progress: bool):
-    """Translations of `lines`, in order; blank lines give empty lines, and the whitespace around a sentence is
-    not translated (as in the pipeline). Batches hold sentences of similar length. Only strings are kept, never a
-    batch's tensors, so memory grows with the text alone."""
+    """Translations of `lines`, in order (the best hypothesis of each, `translate_lines_in_full`)."""
+    found = translate_lines_in_full(translator, lines, batch_size, generate_kwargs, show_progress)
+    return [hypotheses[0].text for hypotheses in found]
+
+
+def translate_lines_in_full(
+    translator,
+    lines: list[str],
+    batch_size: int,
+    generate_kwargs: dict,
+    show_progress: bool,
+    steering: Steering | None = None,
+) -> list[list[Hypothesis]]:
+    """The hypotheses of each of `lines`, in order, as `steering` asks (its per-line parts follow `lines`); a blank
+    line gets one empty translation (scored 0: it is certain), and the whitespace around a sentence is not
+    translated (as in the pipeline). Every line's prefix and constraints are checked before the first is translated
+    (`SteeringError`). Batches hold sentences of similar length. Only strings and numbers are kept, never a batch's
+    tensors, so memory grows with the text alone."""
+    steering = steering or Steering()
     lines = [line.strip() for line in lines]
     todo = [i for i, line in enumerate(lines) if line]
     lengths = token_counts(translator.tokenizer, [lines[i] for i in todo])
@@ -170,22 +437,91 @@ def translate_lines(translator, lines: list[str], batch_size: int, generate_kwar
     too_long = [index + 1 for index, length in zip(todo, lengths, strict=True) if length > positions]
     if too_long:
         logger.warning(
-            "%d line(s) have more tokens than the model's %d positions; only their first %d are translated "
-            "(line %s%s)",
-            len(too_long), positions, positions, too_long[0], ", ..." if len(too_long) > 1 else "",
-        )  # fmt: skip
+            "%d line(s) have more tokens than the model's %d positions; only their first %d are translated (line %s%s)",
+            len(too_long),
+            positions,
+            positions,
+            too_long[0],
+            ", ..." if len(too_long) > 1 else "",
+        )
+    limits = [translator.length_limit(length, generate_kwargs.get("max_new_tokens")) for length in lengths]
+    check_steering(translator.tokenizer, steering, todo, limits)
     order = [todo[j] for j in sorted(range(len(todo)), key=lengths.__getitem__, reverse=True)]
-    translations = [""] * len(lines)
+    scores = {"score": 0.0, "log_probability": 0.0, "tokens": [], "token_log_probs": []} if steering.scores else {}
+    empty = Hypothesis("", **scores, alignment=[] if steering.alignments else None)
+    found = [[empty]] * len(lines)
     with tqdm(total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr) as progress:
         step = batch_size * translator.batches_per_call
         for start in range(0, len(order), step):
             batch = order[start : start + step]
-            outputs = translator.translate([lines[i] for i in batch], batch_size, **generate_kwargs)
-            for index, output in zip(batch, outputs, strict=True):
-                # a translation is one line of output whatever the model writes, or every later line is misplaced
-                translations[index] = " ".join(output.splitlines())
+            outputs = translator.hypotheses(
+                [lines[i] for i in batch], batch_size, steering.select(batch), **generate_kwargs
+            )
+            for index, hypotheses in zip(batch, outputs, strict=True):
+                for hypothesis in hypotheses:
+                    # a translation is one line of output whatever the model writes, or every later line is misplaced
+                    hypothesis.text = " ".join(hypothesis.text.splitlines())
+                found[index] = hypotheses
             progress.update(len(batch))
-    return translations
+    return found
+
+
+def read_steering_files(
+    steering: Steering, lines: list[str], input_name: str, prefix_path: str | None, constraints_path: str | None
+) -> Steering:
+    """`steering` with each line's prefix (`prefix_path`: a prefix a line) and constraints (`constraints_path`,
+    `read_constraints`), refused (`SteeringError`) where a file's line count is not the input's."""
+    per_line = {}
+    for part, path, read in (
+        ("prefixes", prefix_path, read_lines),
+        ("constraints", constraints_path, read_constraints),
+    ):
+        if path is not None:
+            per_line[part] = read(path)
+            if len(per_line[part]) != len(lines):
+                raise SteeringError(f"{path}: {len(per_line[part])} line(s) for the {len(lines)} of {input_name}")
+    return dataclasses.replace(steering, names={"prefixes": prefix_path, "constraints": constraints_path}, **per_line)
+
+
+def check_steering_of(model_path: str, lines: list[str], steering: Steering, max_new_tokens: int | None) -> None:
+    """`check_steering` for the folder `model_path` (any kind), from its tokenizer and generation config alone, so
+    that a prefix or constraint that cannot be used is refused before the model is loaded."""
+    from transformers import GenerationConfig
+
+    model_path = model_folder(model_path)
+    tokenizer, generation = load_tokenizer(model_path), GenerationConfig.from_pretrained(model_path)
+    todo = [index for index, line in enumerate(lines) if line.strip()]
+    lengths = token_counts(tokenizer, [lines[index].strip() for index in todo])
+    margin = source_length_margin(generation)
+    limits = [length_limit(length, generation.max_length, margin, max_new_tokens) for length in lengths]
+    check_steering(tokenizer, steering, todo, limits)
+
+
+def check_steering(tokenizer, steering: Steering, todo: list[int], limits: list[int]) -> None:
+    """Refuses (`SteeringError`, naming the file and line) a prefix or constraint set that does not fit in its
+    line's length limit (`limits`, for the lines at `todo`, `</s>` included), and a constraint that is no tokens."""
+    for index, limit in zip(todo, limits, strict=True):
+        if steering.prefixes is not None and steering.prefixes[index].strip():
+            (tokens,) = prefix_token_ids(tokenizer, [steering.prefixes[index]])
+            if len(tokens) + 1 > limit:
+                raise SteeringError(
+                    f"{steering.names.get('prefixes') or 'prefixes'}:{index + 1}: the prefix's {len(tokens)} tokens "
+                    f"and </s> do not fit in the line's limit of {limit} tokens"
+                )
+        if steering.constraints is not None and steering.constraints[index]:
+            from hf_vanilla_transformer.tools.constraints import constraint_token_ids
+
+            name = f"{steering.names.get('constraints') or 'constraints'}:{index + 1}"
+            try:
+                tokens = constraint_token_ids(tokenizer, steering.constraints[index])
+            except ValueError as error:
+                raise SteeringError(f"{name}: {error}") from None
+            needed = sum(map(len, tokens)) + 1
+            if needed > limit:
+                raise SteeringError(
+                    f"{name}: the constraints' {needed - 1} tokens and </s> do not fit in the line's limit of "
+                    f"{limit} tokens"
+                )
 
 
 def token_counts(tokenizer, texts: list[str], chunk: int = 4096) -> list[int]:

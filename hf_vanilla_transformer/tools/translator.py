@@ -1,0 +1,92 @@
+"""What every translator gives and takes, whatever runs it (our model's generate(), CTranslate2, ONNX Runtime):
+`Hypothesis`, one translation and what the model says of it; `Steering`, what is asked beyond the decoding settings
+(n-best lists, scores, alignments, prefixes, constraints); `Translator`, the interface of tools/translate.py's
+translators and of tools/onnx_runtime.py's."""
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class Hypothesis:
+    """One translation of a sentence and, where asked for, what the model says of it: `score` is what beam search
+    ranks by (the log-probability over the length to the power of the length penalty), `log_probability` the sum
+    of the tokens' log-probabilities, `alignment` the (source word, target word) pairs."""
+
+    text: str
+    score: float | None = None
+    log_probability: float | None = None
+    tokens: list[str] | None = None
+    token_log_probs: list[float] | None = None
+    alignment: list[tuple[int, int]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Steering:
+    """What a translator is asked beyond the decoding settings: `n_best` hypotheses a sentence, their scores, word
+    alignments, and per sentence a target prefix to continue ("" for none) and the phrases the translation must
+    contain (terminology constraints), with the names of the files they came from."""
+
+    n_best: int = 1
+    scores: bool = False
+    alignments: bool = False
+    prefixes: list[str] | None = None
+    constraints: list[list[str]] | None = None
+    names: dict[str, str | None] = dataclasses.field(default_factory=dict)  # the files they came from, for errors
+
+    def requested(self) -> list[str]:
+        """The features asked for, by the names `Translator.features` uses."""
+        asked = {
+            "n_best": self.n_best > 1,
+            "scores": self.scores,
+            "alignments": self.alignments,
+            "prefixes": self.prefixes is not None,
+            "constraints": self.constraints is not None,
+        }
+        return [name for name, wanted in asked.items() if wanted]
+
+    def select(self, indices: list[int]) -> "Steering":
+        """The same request for the sentences at `indices` only."""
+        return dataclasses.replace(
+            self,
+            prefixes=None if self.prefixes is None else [self.prefixes[i] for i in indices],
+            constraints=None if self.constraints is None else [self.constraints[i] for i in indices],
+        )
+
+
+class Translator:
+    """What every kind of folder's translator offers: `hypotheses` (the n best of each sentence, as `steering`
+    asks) and `translate` (the best one's text). `features` names what `Steering` may ask of it and `decoding`
+    the generate() settings it takes; anything else is refused before work (`check_request`)."""
+
+    batches_per_call = 1
+    features: frozenset[str] = frozenset()
+    decoding: frozenset[str] = frozenset({"num_beams", "length_penalty", "max_new_tokens"})
+
+    def hypotheses(self, sentences: list[str], batch_size: int, steering: Steering, **generate_kwargs):
+        raise NotImplementedError
+
+    def translate(self, sentences: list[str], batch_size: int, **generate_kwargs) -> list[str]:
+        return [found[0].text for found in self.hypotheses(sentences, batch_size, Steering(), **generate_kwargs)]
+
+    def set_seed(self, seed: int) -> None:
+        """Seeds the random numbers sampling draws (Python's, NumPy's and torch's), so that a seed gives the same
+        samples again."""
+        from transformers import set_seed
+
+        set_seed(seed)
+
+    def length_limit(self, source_length: int, max_new_tokens: int | None = None) -> int:
+        return length_limit(source_length, self.max_positions, self.new_tokens_over_source, max_new_tokens)
+
+
+def length_limit(source_length: int, positions: int, margin: int | None, max_new_tokens: int | None = None) -> int:
+    """The most tokens a sentence of `source_length` tokens may be translated into, `</s>` included: Section 6.1's
+    source length + `margin` (None: no such limit), within the model's `positions` and `max_new_tokens`."""
+    limit = positions - 1  # the decoder's start token takes a position
+    if margin is not None:
+        limit = min(limit, min(source_length, positions) + margin)
+    return min(limit, max_new_tokens or limit)
+
+
+class SteeringError(ValueError):
+    """A line's prefix or constraints that cannot be used; the message names the file (or list) and line."""

@@ -1,0 +1,294 @@
+"""vanilla-translate's steering: n-best lists with scores, prefixes, terminology constraints, alignments, ensembles
+and sampling, on every route that has them (our model's generate(), CTranslate2, ONNX Runtime), and the refusals
+of what a route or an input cannot give: one line naming the file and line, exit status 2, nothing written."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from hf_vanilla_transformer.cli.translate import main as translate_main
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
+from hf_vanilla_transformer.tools.alignment import align
+from hf_vanilla_transformer.tools.export_ctranslate2 import export as export_ctranslate2
+from hf_vanilla_transformer.tools.export_onnx import export as export_onnx
+from hf_vanilla_transformer.tools.prefix import PrefixLogitsProcessor
+from hf_vanilla_transformer.tools.scoring import score_translations
+from hf_vanilla_transformer.tools.translate import Steering, load_translator, translate_lines_in_full
+from support.models import letter_tokenizer, tiny_model
+
+SOURCES = ["a b c d e f", "j i h", "", "b", "c c c c c c c"]
+
+
+def save_tiny(folder, seed: int = 0, **overrides) -> str:
+    """A tiny random model with the letter tokenizer and the paper's decoding (beam 4), saved in `folder`. One head
+    count (CTranslate2 needs it). `<s>`, `<pad>` and `<unk>` are never generated, so that every translation's text
+    tokenizes back into its tokens (a random model would write them)."""
+    model = tiny_model(seed, vocab_size=14, decoder_attention_heads=4, **overrides)
+    model.generation_config = paper_generation_config(model.config)
+    model.generation_config.suppress_tokens = [0, 1, 3]
+    model.save_pretrained(folder)
+    letter_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, str]:
+    """Two tiny model folders of different seeds, the first's CTranslate2 and ONNX exports, and an input file."""
+    root = tmp_path_factory.mktemp("steering")
+    first = save_tiny(root / "first")
+    (root / "in.txt").write_text("\n".join(SOURCES) + "\n")
+    return {
+        "first": first,
+        "second": save_tiny(root / "second", seed=1),
+        "ctranslate2": export_ctranslate2(first, str(root / "ct2"), "float32"),
+        "onnx": export_onnx(first, str(root / "onnx")),
+        "input": str(root / "in.txt"),
+    }
+
+
+def translate(capsys, *args: str) -> tuple[int, list[str], str]:
+    """vanilla-translate in this process: exit status, lines written to standard output, standard error."""
+    capsys.readouterr()
+    try:
+        translate_main(list(args))
+        status = 0
+    except SystemExit as stop:
+        status = stop.code if isinstance(stop.code, int) else 1
+        if isinstance(stop.code, str):
+            print(stop.code, file=__import__("sys").stderr)
+    captured = capsys.readouterr()
+    return status, captured.out.splitlines(), captured.err
+
+
+def nbest_rows(lines: list[str]) -> list[tuple[int, str, float, float]]:
+    rows = []
+    for line in lines:
+        number, text, score, log_probability = line.split(" ||| ")
+        rows.append((int(number), text, float(score), float(log_probability)))
+    return rows
+
+
+def test_n_best_lists_are_ranked_scored_and_scores_are_the_models_own(folders, capsys):
+    """`--n_best 3`: three hypotheses a line, best first, each score the beam's (length penalty applied) and each
+    log-probability what vanilla-score's function gives the same pair (forced decoding)."""
+    status, lines, err = translate(capsys, "--model", folders["first"], "--input", folders["input"], "--n_best", "3")
+    assert status == 0, err
+    rows = nbest_rows(lines)
+    assert [number for number, *_ in rows] == [0, 0, 0, 1, 1, 1, 2, 3, 3, 3, 4, 4, 4]  # the blank line: one empty
+    model_folder = folders["first"]
+    translator = load_translator(model_folder, "cpu", "float32")
+    pairs = [(SOURCES[number], text) for number, text, *_ in rows if SOURCES[number]]
+    scored = score_translations(translator.model, translator.tokenizer, *map(list, zip(*pairs, strict=True)))
+    given = [log_probability for number, _, _, log_probability in rows if SOURCES[number]]
+    assert [round(s.log_probability, 4) for s in scored] == pytest.approx(given, abs=2e-4)
+    for number in {number for number, *_ in rows}:
+        scores = [score for n, _, score, _ in rows if n == number]
+        assert scores == sorted(scores, reverse=True)
+    # the ranking score: log-probability over the generated length to the power of the length penalty (0.6)
+    for (_, _, score, log_probability), result in zip([r for r in rows if SOURCES[r[0]]], scored, strict=True):
+        assert score == pytest.approx(log_probability / len(result.token_log_probs) ** 0.6, abs=2e-4)
+
+
+def test_jsonl_holds_every_hypothesis_with_tokens_and_their_log_probabilities(folders, capsys):
+    status, lines, err = translate(
+        capsys, "--model", folders["first"], "--input", folders["input"], "--n_best", "2", "--format", "jsonl"
+    )
+    assert status == 0, err
+    objects = [json.loads(line) for line in lines]
+    assert len(objects) == len(SOURCES)
+    assert objects[2] == {
+        "translations": [{"translation": "", "score": 0.0, "log_probability": 0.0, "tokens": [], "token_log_probs": []}]
+    }
+    for found in objects[:2] + objects[3:]:
+        assert len(found["translations"]) == 2
+        for hypothesis in found["translations"]:
+            assert hypothesis["tokens"][-1] == "</s>"
+            assert len(hypothesis["tokens"]) == len(hypothesis["token_log_probs"])
+            assert math.fsum(hypothesis["token_log_probs"]) == pytest.approx(hypothesis["log_probability"])
+            assert " ".join(t for t in hypothesis["tokens"] if t != "</s>") == hypothesis["translation"]
+
+
+@pytest.mark.parametrize("decoding", [["--num_beams", "1"], [], ["--do_sample", "--seed", "3", "--top_k", "5"]])
+def test_every_translation_starts_with_its_lines_prefix(folders, tmp_path, capsys, decoding):
+    prefixes = ["a b", "", "", "j j j", "c"]
+    (tmp_path / "prefix.txt").write_text("\n".join(prefixes) + "\n")
+    status, lines, err = translate(
+        capsys,
+        "--model",
+        folders["first"],
+        "--input",
+        folders["input"],
+        "--prefix",
+        str(tmp_path / "prefix.txt"),
+        *decoding,
+    )
+    assert status == 0, err
+    for source, prefix, line in zip(SOURCES, prefixes, lines, strict=True):
+        if source:
+            assert line.startswith(prefix), (prefix, line)
+            assert len(line.split()) > len(prefix.split())  # the model goes on from the prefix (it never ends early)
+
+
+def test_the_prefix_processor_keeps_the_models_score_of_the_forced_token():
+    scores = torch.log_softmax(torch.randn(4, 14), -1)
+    processed = PrefixLogitsProcessor([[5, 6], []])(torch.zeros(4, 1, dtype=torch.long), scores.clone())
+    # two rows a sentence (beams): the first sentence's rows keep token 5 alone, the second's are as they were
+    assert torch.equal(processed[:2, 5], scores[:2, 5]) and torch.isinf(processed[:2, :5]).all()
+    assert torch.equal(processed[2:], scores[2:])
+
+
+def test_a_seeded_sample_is_the_same_twice_and_another_seed_differs(folders, capsys):
+    runs = {}
+    for seed in ("1", "1", "2"):
+        status, lines, err = translate(
+            capsys,
+            "--model",
+            folders["first"],
+            "--input",
+            folders["input"],
+            "--do_sample",
+            "--seed",
+            seed,
+            "--n_best",
+            "3",
+        )
+        assert status == 0, err
+        runs.setdefault(seed, []).append(lines)
+    assert runs["1"][0] == runs["1"][1]
+    assert runs["1"][0] != runs["2"][0]
+
+
+def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(folders, capsys):
+    outputs = []
+    for models in ([folders["first"]], [folders["first"], folders["first"]]):
+        status, lines, err = translate(capsys, "--model", *models, "--input", folders["input"], "--n_best", "2")
+        assert status == 0, err
+        outputs.append(nbest_rows(lines))
+    assert [row[:2] for row in outputs[0]] == [row[:2] for row in outputs[1]]
+    assert [row[2:] for row in outputs[0]] == pytest.approx([row[2:] for row in outputs[1]], abs=2e-4)
+    status, lines, err = translate(capsys, "--model", folders["first"], folders["second"], "--input", folders["input"])
+    assert status == 0 and len(lines) == len(SOURCES), err
+
+
+def test_constraints_appear_in_every_hypothesis(folders, tmp_path, capsys):
+    constraints = [["j j"], [], [], ["c", "d e"], ["a"]]
+    (tmp_path / "terms.jsonl").write_text("\n".join(map(json.dumps, constraints)) + "\n")
+    status, lines, err = translate(
+        capsys,
+        "--model",
+        folders["first"],
+        "--input",
+        folders["input"],
+        "--constraints",
+        str(tmp_path / "terms.jsonl"),
+        "--n_best",
+        "2",
+    )
+    assert status == 0, err
+    for number, text, *_ in nbest_rows(lines):
+        for phrase in constraints[number]:
+            assert f" {phrase} " in f" {text} ", (phrase, text)
+
+
+def test_alignments_are_those_of_the_models_attention_on_each_translation(folders, capsys):
+    """`--alignments` adds `align`'s word pairs (tools/alignment.py) of each source and its translation, within the
+    two sentences' words; on CTranslate2, from its attention, the same pairs."""
+    translator = load_translator(folders["first"], "cpu", "float32")
+    for name in ("first", "ctranslate2"):
+        status, lines, err = translate(capsys, "--model", folders[name], "--input", folders["input"], "--alignments")
+        assert status == 0, err
+        for source, line in zip(SOURCES, lines, strict=True):
+            translation, alignment = line.split(" ||| ")
+            pairs = [tuple(map(int, pair.split("-"))) for pair in alignment.split()]
+            assert all(0 <= i < len(source.split()) and 0 <= j < len(translation.split()) for i, j in pairs)
+            assert bool(pairs) == bool(source)
+            (expected,) = align(translator.model, translator.tokenizer, [source], [translation])
+            assert pairs == expected
+
+
+def test_ctranslate2_scores_n_best_lists_prefixes_and_samples_as_our_model_does(folders):
+    """The same requests on the CTranslate2 export: each hypothesis' tokens and log-probabilities are what our
+    model gives the same pair, the prefixes start them, and a seed gives the same samples again."""
+    ours, theirs = load_translator(folders["first"], "cpu", "float32"), load_translator(folders["ctranslate2"], "cpu")
+    prefixes = ["a", "", "", "j", ""]
+    found = translate_lines_in_full(theirs, SOURCES, 8, {}, False, Steering(n_best=2, scores=True, prefixes=prefixes))
+    pairs = [(source, h) for source, hs in zip(SOURCES, found, strict=True) if source for h in hs]
+    scored = score_translations(ours.model, ours.tokenizer, [s for s, _ in pairs], [h.text for _, h in pairs])
+    assert [h.tokens for _, h in pairs] == [ours.tokenizer.convert_ids_to_tokens(s.token_ids) for s in scored]
+    assert [h.log_probability for _, h in pairs] == pytest.approx([s.log_probability for s in scored], abs=1e-4)
+    for source, prefix, hypotheses in zip(SOURCES, prefixes, found, strict=True):
+        assert len(hypotheses) == (2 if source else 1) and all(h.text.startswith(prefix) for h in hypotheses)
+    for translator in (ours, theirs):
+        samples = []
+        for _ in range(2):
+            translator.set_seed(7)
+            sample = translate_lines_in_full(translator, SOURCES, 8, {"do_sample": True, "num_beams": 1}, False)
+            samples.append([[h.text for h in hs] for hs in sample])
+        assert samples[0] == samples[1]
+
+
+def test_an_onnx_folder_translates_greedily_as_generate_does(folders, capsys):
+    results = {}
+    for name in ("first", "onnx"):
+        status, lines, err = translate(
+            capsys,
+            "--model",
+            folders[name],
+            "--input",
+            folders["input"],
+            *(["--num_beams", "1", "--dtype", "float32"] if name == "first" else []),
+        )
+        assert status == 0, err
+        results[name] = lines
+    assert results["onnx"] == results["first"]
+
+
+@pytest.mark.parametrize(
+    "route, flags, message",
+    [
+        ("ctranslate2", ["--constraints", "IN"], "is translated by CTranslate2, which cannot give constraints"),
+        ("onnx", ["--n_best", "2"], "is translated by ONNX Runtime (greedy), which cannot give n_best"),
+        ("onnx", ["--alignments"], "which cannot give alignments"),
+        ("onnx", ["--do_sample"], "which cannot give do_sample"),
+        ("ctranslate2", ["--model", "FIRST"], "is an export; only model folders decode together as an ensemble"),
+        ("first", ["--n_best", "5", "--num_beams", "2"], "argument --n_best: 5 is more than --num_beams 2"),
+        ("first", ["--top_k", "5"], "argument --top_k: only with --do_sample"),
+        ("first", ["--top_p", "1.5"], "argument --top_p: 1.5 must be above 0 and at most 1"),
+        ("first", ["--temperature", "0"], "argument --temperature: 0.0 must be above 0"),
+    ],
+)
+def test_what_a_route_or_flag_cannot_give_is_one_line_and_exit_2(folders, tmp_path, capsys, route, flags, message):
+    flags = [{"IN": folders["input"], "FIRST": folders["first"]}.get(flag, flag) for flag in flags]
+    output = tmp_path / "out.txt"
+    status, _, err = translate(
+        capsys, "--model", folders[route], "--input", folders["input"], "--output", str(output), *flags
+    )
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    "flag, content, message",
+    [
+        ("--prefix", "a\nb\n", "{path}: 2 line(s) for the 5 of {input}"),
+        ("--constraints", '["a"]\n', "{path}: 1 line(s) for the 5 of {input}"),
+        ("--constraints", '[]\n["a"\n[]\n[]\n[]\n', "{path}:2: not JSON"),
+        ("--constraints", '[]\n{"a": 1}\n[]\n[]\n[]\n', "{path}:2: not a JSON list of strings"),
+        ("--constraints", '[]\n[" "]\n[]\n[]\n[]\n', "{path}:2: "),
+        ("--constraints", '[]\n[]\n[]\n["' + "a " * 60 + '"]\n[]\n', "{path}:4: the constraints' 60 tokens"),
+        ("--prefix", "\n\n\n" + "a " * 60 + "\n\n", "{path}:4: the prefix's 60 tokens"),
+    ],
+)
+def test_a_bad_prefix_or_constraints_file_is_one_line_naming_file_and_line(
+    folders, tmp_path, capsys, flag, content, message
+):
+    path, output = tmp_path / "steer.txt", tmp_path / "out.txt"
+    path.write_text(content)
+    status, _, err = translate(
+        capsys, "--model", folders["first"], "--input", folders["input"], "--output", str(output), flag, str(path)
+    )
+    assert status == 2, err
+    assert message.format(path=path, input=folders["input"]) in err and len(err.strip().splitlines()) == 1, err
+    assert not output.exists()
