@@ -2,6 +2,7 @@
 
 import io
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ from hf_vanilla_transformer.training.data import read_translation_file
 from support.files import write_lines
 from support.hostile import FUZZ_SETTINGS, RAW_LINES, read_fuzzed_file
 from support.models import SENTENCES, generate_text
-from support.paths import TRAIN
+from support.paths import TEST, TRAIN
 from support.processes import run_with_peak_rss
 from support.runs import CHINESE_CHARACTER
 
@@ -225,3 +226,73 @@ def test_a_ctranslate2_folder_translates_as_the_model_folder_does(trained_run, e
         outputs[name] = output.read_text().split("\n")
     assert outputs["ctranslate2"] == outputs["pytorch"]
     assert [bool(line) for line in outputs["ctranslate2"]] == [True, False, True, False, True, False]
+
+
+def test_steering_the_trained_models_through_the_command_line(trained_run, chinese_run, tmp_path, translate_here):
+    """The trained runs through vanilla-translate's steering flags: an n-best list whose log-probabilities are
+    vanilla-score's of the same pairs, constraints met (a reference word, and Chinese characters inside a word),
+    alignments within the words, and a prefix continued."""
+    from hf_vanilla_transformer.cli.score import main as score_main
+
+    pairs = list(read_translation_file(TEST, "en", "de"))[:6]
+    (tmp_path / "in.en").write_text("".join(source + "\n" for source, _ in pairs))
+    words = [next(word for word in reference.split() if len(word) >= 4 and word.isalpha()) for _, reference in pairs]
+    (tmp_path / "terms.jsonl").write_text("".join(json.dumps([word]) + "\n" for word in words))
+    (tmp_path / "prefix.de").write_text("".join(" ".join(reference.split()[:2]) + "\n" for _, reference in pairs))
+    run = ["--model", str(trained_run.output), "--input", str(tmp_path / "in.en"), "--dtype", "float32"]
+    status, stderr = translate_here(*run, "--n_best", "2", "--format", "jsonl", "--output", str(tmp_path / "nbest"))
+    assert status == 0, stderr
+    found = [json.loads(line)["translations"] for line in (tmp_path / "nbest").read_text().splitlines()]
+    assert [len(hypotheses) for hypotheses in found] == [2] * len(pairs)
+    (tmp_path / "src").write_text(
+        "".join(source + "\n" for (source, _), hs in zip(pairs, found, strict=True) for _ in hs)
+    )
+    (tmp_path / "tgt").write_text("".join(h["translation"] + "\n" for hs in found for h in hs))
+    with pytest.raises(SystemExit) as exit_info:
+        score_main(
+            [
+                "--model",
+                str(trained_run.output),
+                "--source",
+                str(tmp_path / "src"),
+                "--target",
+                str(tmp_path / "tgt"),
+                "--dtype",
+                "float32",
+                "--output",
+                str(tmp_path / "scores"),
+            ]
+        )
+    assert exit_info.value.code in (None, 0)
+    scores = [float(line) for line in (tmp_path / "scores").read_text().splitlines()]
+    assert scores == pytest.approx([h["log_probability"] for hs in found for h in hs], abs=1e-3)
+
+    status, stderr = translate_here(
+        *run, "--constraints", str(tmp_path / "terms.jsonl"), "--alignments", "--output", str(tmp_path / "constrained")
+    )
+    assert status == 0, stderr
+    for word, (source, _), line in zip(words, pairs, (tmp_path / "constrained").read_text().splitlines(), strict=True):
+        translation, alignment = line.split(" ||| ")
+        assert f" {word}" in f" {translation}", (word, line)  # as tokens after a space: a suffix may follow
+        for pair in alignment.split():
+            i, j = map(int, pair.split("-"))
+            assert i < len(source.split()) and j < len(translation.split())
+    status, stderr = translate_here(*run, "--prefix", str(tmp_path / "prefix.de"), "--output", str(tmp_path / "p"))
+    assert status == 0, stderr
+    for (_, reference), line in zip(pairs, (tmp_path / "p").read_text().splitlines(), strict=True):
+        assert line.startswith(" ".join(reference.split()[:2])) and len(line) > len(" ".join(reference.split()[:2]))
+
+    (tmp_path / "in.zh-src").write_text("I like to eat apples.\n")
+    (tmp_path / "zh-terms").write_text('["苹果"]\n')
+    status, stderr = translate_here(
+        "--model",
+        str(chinese_run.output),
+        "--input",
+        str(tmp_path / "in.zh-src"),
+        "--constraints",
+        str(tmp_path / "zh-terms"),
+        "--output",
+        str(tmp_path / "zh"),
+    )
+    assert status == 0, stderr
+    assert "苹果" in (tmp_path / "zh").read_text(encoding="utf-8")

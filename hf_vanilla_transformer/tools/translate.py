@@ -199,18 +199,25 @@ class ModelTranslator(Translator):
         if "max_new_tokens" in generate_kwargs:  # --max_new_tokens replaces the model's max_length, which transformers
             generate_kwargs["max_length"] = None  # would otherwise warn about at every batch, and then ignore anyway
         count = steering.n_best
+        length_penalty = generate_kwargs.get("length_penalty", self.generation_config.length_penalty)
         if steering.constraints is not None and any(steering.constraints):
             from hf_vanilla_transformer.tools.constraints import constrained_beam_search, constraint_token_ids
 
             constraints = [constraint_token_ids(self.tokenizer, phrases) for phrases in steering.constraints]
+            settings = {
+                key: generate_kwargs[key]
+                for key in ("num_beams", "length_penalty", "max_new_tokens")
+                if key in generate_kwargs
+            }
             output = constrained_beam_search(
                 self.model,
                 batch["input_ids"],
                 batch["attention_mask"],
                 constraints,
                 num_return_sequences=count,
-                **{key: value for key, value in generate_kwargs.items() if key != "max_length"},
+                **settings,
             )
+            scored = output.sequence_scores(self.generation_config.eos_token_id, length_penalty)
         else:
             processors = LogitsProcessorList()
             if steering.prefixes is not None:
@@ -223,14 +230,14 @@ class ModelTranslator(Translator):
                 output_logits=steering.scores,
                 **generate_kwargs,
             )
+            scored = sequence_scores(self.model, output, length_penalty) if steering.scores else None
         texts = self.tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
         found = [Hypothesis(text) for text in texts]
         if steering.scores:
-            length_penalty = generate_kwargs.get("length_penalty", self.generation_config.length_penalty)
-            for hypothesis, scored in zip(found, sequence_scores(self.model, output, length_penalty), strict=True):
-                hypothesis.score, hypothesis.log_probability = scored.score, scored.log_probability
-                hypothesis.tokens = self.tokenizer.convert_ids_to_tokens(scored.token_ids)
-                hypothesis.token_log_probs = scored.token_log_probs
+            for hypothesis, score in zip(found, scored, strict=True):
+                hypothesis.score, hypothesis.log_probability = score.score, score.log_probability
+                hypothesis.tokens = self.tokenizer.convert_ids_to_tokens(score.token_ids)
+                hypothesis.token_log_probs = score.token_log_probs
         if steering.alignments:
             from hf_vanilla_transformer.tools.alignment import align
 
