@@ -172,13 +172,14 @@ def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(folders, cap
     assert status == 0 and len(lines) == len(SOURCES), err
 
 
-def test_constraints_appear_in_every_hypothesis(folders, tmp_path, capsys):
+@pytest.mark.parametrize("models", [["first"], ["first", "second"]])
+def test_constraints_appear_in_every_hypothesis_of_a_model_or_an_ensemble(folders, tmp_path, capsys, models):
     constraints = [["j j"], [], [], ["c", "d e"], ["a"]]
     (tmp_path / "terms.jsonl").write_text("\n".join(map(json.dumps, constraints)) + "\n")
     status, lines, err = translate(
         capsys,
         "--model",
-        folders["first"],
+        *(folders[name] for name in models),
         "--input",
         folders["input"],
         "--constraints",

@@ -718,45 +718,58 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         first. The model's own `max_length` is `max_position_embeddings`, so that the batch runs until each sentence
         has ended at its own limit (transformers' default would be 20).
         """
-        # the call's setting, else the given generation config's, else the model's (as transformers fills settings)
-        holding = [c for c in (generation_config, self.generation_config) if hasattr(c, SOURCE_LENGTH_LIMIT)]
-        margin = kwargs.pop(SOURCE_LENGTH_LIMIT, source_length_margin(holding[0]) if holding else None)
-        if margin is not None:
-            decoder_input_ids = kwargs.get("decoder_input_ids")
-            prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
-            limits = (self.source_lengths(inputs, kwargs) + margin).clamp(
-                max=self.config.max_position_embeddings - prompt_length
-            )
-            eos_token_id = next(
-                value
-                for value in (
-                    kwargs.get("eos_token_id"),
-                    getattr(generation_config, "eos_token_id", None),
-                    self.generation_config.eos_token_id,
-                    self.config.eos_token_id,
-                )
-                if value is not None
-            )
-            logits_processor = LogitsProcessorList(
-                [*(logits_processor or []), SourceLengthLimitLogitsProcessor(limits, eos_token_id, prompt_length)]
-            )
+        limit = source_length_limit(self, inputs, generation_config, kwargs)
+        if limit is not None:
+            logits_processor = LogitsProcessorList([*(logits_processor or []), limit])
         return super().generate(inputs, generation_config, logits_processor=logits_processor, **kwargs)
 
-    def source_lengths(self, inputs: torch.Tensor | None, kwargs: dict) -> torch.LongTensor:
-        """Non-padding tokens per source sentence: from the attention mask, else from the input ids, else every
-        position of the input embeddings or of the encoder output, else the one `<s>` transformers starts from."""
-        if kwargs.get("attention_mask") is not None:
-            return kwargs["attention_mask"].sum(-1)
-        input_ids = inputs if inputs is not None else kwargs.get("input_ids")
-        if input_ids is not None:
-            return (input_ids != self.config.pad_token_id).sum(-1)
-        if kwargs.get("inputs_embeds") is not None:
-            states = kwargs["inputs_embeds"]
-        elif kwargs.get("encoder_outputs") is not None:
-            states = kwargs["encoder_outputs"][0]
-        else:  # no source at all: transformers encodes a one-token source, `<s>`
-            return torch.ones(1, dtype=torch.long, device=self.device)
-        return torch.full((states.shape[0],), states.shape[1], device=states.device)
+
+def source_length_limit(
+    model, inputs: torch.Tensor | None, generation_config: GenerationConfig | None, kwargs: dict
+) -> SourceLengthLimitLogitsProcessor | None:
+    """Section 6.1's limit for `model.generate(inputs, generation_config, **kwargs)` (our model's, or anything that
+    decodes as it does: an ensemble of ours): each sentence may produce at most its source length (its non-padding
+    tokens) + `max_new_tokens_over_source` tokens, `</s>` included, within the model's positions. The setting is the
+    call's (popped from `kwargs`, which generate() would not know), else the given generation config's, else the
+    model's, as transformers fills settings; None where it is None or missing: no such limit."""
+    holding = [c for c in (generation_config, model.generation_config) if hasattr(c, SOURCE_LENGTH_LIMIT)]
+    margin = kwargs.pop(SOURCE_LENGTH_LIMIT, source_length_margin(holding[0]) if holding else None)
+    if margin is None:
+        return None
+    decoder_input_ids = kwargs.get("decoder_input_ids")
+    prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
+    limits = (source_lengths(inputs, kwargs, model.config.pad_token_id, model.device) + margin).clamp(
+        max=model.config.max_position_embeddings - prompt_length
+    )
+    eos_token_id = next(
+        value
+        for value in (
+            kwargs.get("eos_token_id"),
+            getattr(generation_config, "eos_token_id", None),
+            model.generation_config.eos_token_id,
+            model.config.eos_token_id,
+        )
+        if value is not None
+    )
+    return SourceLengthLimitLogitsProcessor(limits, eos_token_id, prompt_length)
+
+
+def source_lengths(inputs: torch.Tensor | None, kwargs: dict, pad_token_id: int, device) -> torch.LongTensor:
+    """Non-padding tokens per source sentence of a generate() call: from the attention mask, else from the input
+    ids, else every position of the input embeddings or of the encoder output, else the one `<s>` transformers
+    starts from."""
+    if kwargs.get("attention_mask") is not None:
+        return kwargs["attention_mask"].sum(-1)
+    input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+    if input_ids is not None:
+        return (input_ids != pad_token_id).sum(-1)
+    if kwargs.get("inputs_embeds") is not None:
+        states = kwargs["inputs_embeds"]
+    elif kwargs.get("encoder_outputs") is not None:
+        states = kwargs["encoder_outputs"][0]
+    else:  # no source at all: transformers encodes a one-token source, `<s>`
+        return torch.ones(1, dtype=torch.long, device=device)
+    return torch.full((states.shape[0],), states.shape[1], device=states.device)
 
 
 def source_length_margin(generation_config: GenerationConfig) -> int | None:

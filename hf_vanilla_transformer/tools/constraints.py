@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutput
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     CACHE_NAME,
     SourceLengthLimitLogitsProcessor,
-    source_length_margin,
+    source_length_limit,
 )
 from hf_vanilla_transformer.model.pipeline_translation import SequenceScore, generated_length, scored
 
@@ -280,12 +280,8 @@ class Settings:
 
 def source_limits(model, attention_mask: torch.LongTensor) -> torch.LongTensor | None:
     """Section 6.1's limit as the model's `generate()` sets it: source length + margin tokens, `</s>` included."""
-    margin = source_length_margin(model.generation_config)
-    if margin is None:
-        return None
-    return (model.source_lengths(None, {"attention_mask": attention_mask}) + margin).clamp(
-        max=model.config.max_position_embeddings - 1
-    )
+    limit = source_length_limit(model, None, None, {"attention_mask": attention_mask})
+    return None if limit is None else limit.max_new_tokens
 
 
 def check_constraints(constraints: list[list[list[int]]], room: list[int], vocab_size: int, settings: Settings) -> None:

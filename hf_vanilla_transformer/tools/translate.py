@@ -222,6 +222,8 @@ class ModelTranslator(Translator):
             processors = LogitsProcessorList()
             if steering.prefixes is not None:
                 processors.append(PrefixLogitsProcessor(prefix_token_ids(self.tokenizer, steering.prefixes)))
+            if len(self.model_paths) > 1:  # an ensemble's length rule is a processor it gives: generate() is not ours
+                processors.extend(self.model.source_length_limit(batch))
             output = self.model.generate(
                 **batch,
                 logits_processor=processors,
