@@ -40,7 +40,7 @@ import torch
 from bench.common import MULTI30K, machine, marian_like, write_results
 from hf_vanilla_transformer.loading import load_tokenizer
 from hf_vanilla_transformer.tools.export_ctranslate2 import CARRIED_FILES, export
-from hf_vanilla_transformer.tools.translate import CTranslate2Translator, PipelineTranslator, translate_lines
+from hf_vanilla_transformer.tools.translate import CTranslate2Translator, ModelTranslator, translate_lines
 from hf_vanilla_transformer.training.data import read_translation_file
 
 QUANTIZATIONS = ("float32", "int8")
@@ -140,7 +140,7 @@ def translate_worker(system: str, folder: str, batch_size: int, count: int, comp
     `count` sources; reports seconds, the translations and this process's peak RSS."""
     sources = [source for source, _ in multi30k_test_pairs()][:count]
     if system == "generate":
-        translator = PipelineTranslator(folder, "cpu", dtype=compute_type)
+        translator = ModelTranslator(folder, "cpu", dtype=compute_type)
     else:
         translator = CTranslate2Translator(folder, "cpu", compute_type=compute_type or "default")
     translate_lines(translator, sources[:batch_size], batch_size, {}, show_progress=False)

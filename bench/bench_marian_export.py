@@ -15,7 +15,7 @@ import torch
 
 from bench.common import MULTI30K, machine, write_results
 from hf_vanilla_transformer.tools.export_marian import export
-from hf_vanilla_transformer.tools.translate import PipelineTranslator, translate_lines
+from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
 from hf_vanilla_transformer.training.data import read_translation_file
 from hf_vanilla_transformer.training.metrics import load_translation_metric
 
@@ -32,7 +32,7 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         marian = export(args.model, os.path.join(folder, "marian"))
         outputs = {
-            name: translate_lines(PipelineTranslator(path, "cpu", torch.float32), sources, 32, {}, show_progress=True)
+            name: translate_lines(ModelTranslator(path, "cpu", torch.float32), sources, 32, {}, show_progress=True)
             for name, path in (("ours", args.model), ("marian_export", marian))
         }
     scores = {}

@@ -27,7 +27,7 @@ import sacrebleu
 from bench.common import MULTI30K, REPO_ROOT, machine, write_results
 from hf_vanilla_transformer.tools import export_ctranslate2, export_onnx
 from hf_vanilla_transformer.tools.onnx_runtime import OnnxTranslator
-from hf_vanilla_transformer.tools.translate import CTranslate2Translator, PipelineTranslator, translate_lines
+from hf_vanilla_transformer.tools.translate import CTranslate2Translator, ModelTranslator, translate_lines
 from hf_vanilla_transformer.training.data import read_translation_file
 
 BATCH_SIZE = 64
@@ -42,7 +42,7 @@ def python_worker(system: str, folder: str) -> dict:
     """One measurement in a process of its own: loads, warms up on one batch, times the 1,000 sources."""
     sources = [source for source, _ in test_pairs()]
     if system == "generate":
-        translator = PipelineTranslator(folder, "cpu", dtype=None)
+        translator = ModelTranslator(folder, "cpu", dtype=None)
     elif system == "ctranslate2":
         translator = CTranslate2Translator(folder, "cpu")
     else:

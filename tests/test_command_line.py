@@ -52,6 +52,14 @@ def work(tmp_path, monkeypatch) -> dict:
     }
 
 
+def with_flags(argv: list[str], flags: list[str]) -> list[str]:
+    """`argv` with `flags` added, a `--model` among them replacing argv's (a repeated --model is an ensemble)."""
+    if "--model" in flags:
+        model = argv.index("--model")
+        argv = argv[:model] + argv[model + 2 :]
+    return [*argv, *flags]
+
+
 def files_under(folder) -> dict[str, bytes]:
     """Every file under `folder` (a link as the file it leads to) and what it holds."""
     return {str(path): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
@@ -143,7 +151,7 @@ def test_a_device_this_machine_lacks_is_one_line_before_the_model_is_read(work, 
         ("vanilla-translate", ["--model", "ct2", "--device", absent_for_ctranslate2],
          f"device {absent_for_ctranslate2}: CTranslate2 {ctranslate2.__version__} finds "),
     ]:  # fmt: skip
-        code, stderr = run(command, [*work[command], *flags], capsys)
+        code, stderr = run(command, with_flags(work[command], flags), capsys)
         assert code == 1 and len(stderr) == 1 and stderr[0].startswith(f"{command}: error: {message}"), stderr
     assert files_under(tmp_path) == before
 
@@ -165,7 +173,7 @@ def test_an_option_for_the_other_kind_of_folder_or_that_the_device_lacks_is_one_
          f"compute_type {unsupported}: CTranslate2 {ctranslate2.__version__} computes in "
          f"{', '.join(sorted(supported))} on this cpu"),
     ]:  # fmt: skip
-        code, stderr = run("vanilla-translate", [*work["vanilla-translate"], *flags], capsys)
+        code, stderr = run("vanilla-translate", with_flags(work["vanilla-translate"], flags), capsys)
         assert (code, stderr) == (1, [f"vanilla-translate: error: {message}"])
     assert files_under(tmp_path) == before
 
@@ -210,7 +218,7 @@ def test_a_missing_extra_is_one_line_naming_it_before_the_model_is_read(
     monkeypatch.setattr(sys, "meta_path", [NotInstalled(package), *sys.meta_path])
     monkeypatch.delitem(sys.modules, package, raising=False)
     before = files_under(tmp_path)
-    code, stderr = run(command, [*work[command], *flags], capsys)
+    code, stderr = run(command, with_flags(work[command], flags), capsys)
     assert (code, stderr) == (1, [missing_extra_line(command, package, purpose, extra)])
     assert files_under(tmp_path) == before
 

@@ -79,6 +79,20 @@ def test_onnx_runtime_decodes_as_generate_greedy_each_sentence_to_its_limit(expo
     ).batch_decode(expected, skip_special_tokens=True)  # fmt: skip
 
 
+def test_vanilla_translate_translates_the_folder_greedily_as_generate_does(exported_pair, tmp_path, capsys):
+    from hf_vanilla_transformer.cli.translate import main as translate_main
+
+    (tmp_path / "in.txt").write_text("\n".join([SENTENCES[0], "", *SENTENCES[1:]]) + "\n")
+    outputs = []
+    for folder, flags in (
+        (exported_pair[1], []),
+        (exported_pair[1].parent / "ours", ["--num_beams", "1", "--dtype", "float32"]),
+    ):
+        translate_main(["--model", str(folder), "--input", str(tmp_path / "in.txt"), "--max_new_tokens", "6", *flags])
+        outputs.append(capsys.readouterr().out.splitlines())
+    assert outputs[0] == outputs[1] and len(outputs[0]) == len(SENTENCES) + 1 and outputs[0][1] == ""
+
+
 def test_the_int8_graphs_decode_close_to_float32(exported_pair):
     _, folder = exported_pair
     batch = letter_tokenizer()(SENTENCES, return_tensors="np", padding=True)

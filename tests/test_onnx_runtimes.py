@@ -12,7 +12,7 @@ from matplotlib.image import imread
 
 from hf_vanilla_transformer.tools.export_onnx import export
 from hf_vanilla_transformer.tools.onnx_runtime import OnnxTranslator
-from hf_vanilla_transformer.tools.translate import PipelineTranslator, translate_lines
+from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
 from hf_vanilla_transformer.training.data import read_translation_file
 from support.browser import headless_chromium
 from support.paths import MULTI30K, REPO_ROOT, TATOEBA_EN_ZH
@@ -38,7 +38,7 @@ def exported(request, tmp_path_factory):
 
 def test_onnx_runtime_translates_as_generate_greedy(exported):
     run, _, sources, translations = exported
-    expected = translate_lines(PipelineTranslator(str(run.output), "cpu"), sources, 32, {"num_beams": 1}, False)
+    expected = translate_lines(ModelTranslator(str(run.output), "cpu"), sources, 32, {"num_beams": 1}, False)
     same = sum(ours == theirs for ours, theirs in zip(expected, translations, strict=True))
     assert same >= 0.99 * len(sources), f"{same} of {len(sources)} the same"
 

@@ -44,7 +44,7 @@ def test_translation_is_bfloat16_exactly_where_the_cpu_has_bf16_units(tmp_path):
     for name in ("auto", "float32", "bfloat16"):
         translator = load_translator(str(tmp_path), "cpu", name)
         dtype = translation_dtype(name, "cpu")
-        assert translator.pipeline.model.dtype == dtype
+        assert translator.model.dtype == dtype
         translations = translate_lines(
             translator, sentences, 1, {"num_beams": 2, "max_new_tokens": 8}, show_progress=False
         )

@@ -146,7 +146,8 @@ def translator_loader(
         return functools.partial(CTranslate2Translator, paths[0], device, **options)
     if options:
         name, value = next(iter(options.items()))
-        raise ValueError(f"{name} {value} is for CTranslate2 folders; {paths[0]} is not one")
+        what = "a model folder (dtype)" if kind is ModelTranslator else "an ONNX folder"
+        raise ValueError(f"{name} {value} is for CTranslate2 folders; {paths[0]} is {what}")
     if kind is not ModelTranslator:
         if dtype != "auto":
             raise ValueError(f"dtype {dtype} is for model folders; {paths[0]} is an ONNX folder")
@@ -179,7 +180,10 @@ class ModelTranslator(Translator):
         {"num_beams", "length_penalty", "max_new_tokens", "do_sample", "top_k", "top_p", "temperature"}
     )
 
-    def __init__(self, model_paths: list[str], device: str | None, dtype=None, attn_implementation: str | None = None):
+    def __init__(
+        self, model_paths: str | list[str], device: str | None, dtype=None, attn_implementation: str | None = None
+    ):
+        model_paths = [model_paths] if isinstance(model_paths, str) else model_paths
         if len(model_paths) > 1:
             from hf_vanilla_transformer.tools.ensemble import load_ensemble
 
