@@ -9,10 +9,14 @@ name, in one line, with a non-zero exit.
 """
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
 import re
+import signal
+import sys
 from collections.abc import Collection
 
 import yaml
@@ -174,3 +178,44 @@ def hub_repo_id(text: str) -> str:
     except HFValidationError as error:
         raise argparse.ArgumentTypeError(one_line(error)) from None
     return text
+
+
+def check_output_is_not_an_input(parser: argparse.ArgumentParser, output: str, inputs: dict[str, str | None]) -> None:
+    """Refuses an --output that is one of the files the command reads (`inputs`: flag name -> path), by any path or
+    link: it would be replaced."""
+    for flag, path in inputs.items():
+        if output != "-" and path not in (None, "-") and os.path.exists(output) and os.path.samefile(output, path):
+            parser.error(f"argument --output: {output} is the {flag} file {path}; it would be replaced")
+
+
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM (a job scheduler's stop): unwinds like KeyboardInterrupt, so no half-written output stays."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.exit_code = 128 + signum
+
+
+def raise_interrupted(signum: int, frame) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def reported(prog: str):
+    """The work of a command that reads and writes files: standard output in UTF-8 whatever the locale says; Ctrl-C
+    or SIGTERM ends it with exit status 128 + the signal and nothing written; an OSError, ValueError or ImportError
+    is one line and exit status 1. The signal handlers are this work's only: a caller (a test, a notebook) gets its
+    own back afterwards."""
+    previous = {stop: signal.signal(stop, raise_interrupted) for stop in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if isinstance(sys.stdout, io.TextIOWrapper):
+            sys.stdout.reconfigure(encoding="utf-8")
+        yield
+    except Interrupted as interruption:
+        print(f"\n{prog}: interrupted; nothing was written", file=sys.stderr)
+        sys.exit(interruption.exit_code)
+    except (OSError, ValueError, ImportError) as error:
+        sys.exit(f"{prog}: error: {error}")
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)

@@ -1,13 +1,16 @@
 """vanilla-score: the model's score of given translations, one pair a line of two files (tools/scoring.py)."""
 
-import io
 import json
-import os
-import signal
-import sys
 
-from hf_vanilla_transformer.cli.flags import CommandParser, device_name, input_file, output_file, positive_int
-from hf_vanilla_transformer.cli.translate import Interrupted, raise_interrupted
+from hf_vanilla_transformer.cli.flags import (
+    CommandParser,
+    check_output_is_not_an_input,
+    device_name,
+    input_file,
+    output_file,
+    positive_int,
+    reported,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,14 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.source == args.target == "-":
         parser.error("argument --target: --source already reads standard input; give one of them as a file")
-    for name, path in (("--source", args.source), ("--target", args.target)):
-        if args.output != "-" and path != "-" and os.path.exists(args.output) and os.path.samefile(args.output, path):
-            parser.error(f"argument --output: {args.output} is the {name} file {path}; it would be replaced")
-    # the handlers for this command's work only: a caller (a test, a notebook) gets its own back afterwards
-    previous = {stop: signal.signal(stop, raise_interrupted) for stop in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
-            sys.stdout.reconfigure(encoding="utf-8")
+    check_output_is_not_an_input(parser, args.output, {"--source": args.source, "--target": args.target})
+    with reported(parser.prog):
         torch.set_num_threads(args.threads or 1)  # one intra-op thread by default, as vanilla-translate
         # what the model's folder refuses before the input is read, and bad input before the model is loaded
         load_translator = translator_loader(args.model, args.device, args.dtype, threads=args.threads)
@@ -81,14 +78,6 @@ def main(argv: list[str] | None = None) -> None:
         else:
             lines = [json_line(score, translator.tokenizer) for score in scores]
         write_lines(args.output, lines)
-    except Interrupted as interruption:
-        print(f"\n{parser.prog}: interrupted; nothing was written", file=sys.stderr)
-        sys.exit(interruption.exit_code)
-    except (OSError, ValueError, ImportError) as error:
-        sys.exit(f"{parser.prog}: error: {error}")
-    finally:
-        for stop, handler in previous.items():
-            signal.signal(stop, handler)
 
 
 def file_name(path: str) -> str:

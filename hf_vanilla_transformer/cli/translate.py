@@ -1,13 +1,11 @@
 """vanilla-translate: translate a file or standard input with a trained model, one sentence a line
 (tools/translate.py)."""
 
-import io
-import os
-import signal
 import sys
 
 from hf_vanilla_transformer.cli.flags import (
     CommandParser,
+    check_output_is_not_an_input,
     device_name,
     finite_float,
     input_file,
@@ -15,6 +13,7 @@ from hf_vanilla_transformer.cli.flags import (
     positive_float,
     positive_int,
     probability,
+    reported,
 )
 
 
@@ -123,16 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     fast.add_argument("--intra_threads", type=positive_int, help="Threads per batch (default: 1 on a CPU).")
     args = parser.parse_args(argv)
-    # the same file by any path, a link included
-    for flag in ("input", "prefix", "constraints"):
-        path = getattr(args, flag)
-        if (
-            args.output != "-"
-            and path not in (None, "-")
-            and os.path.exists(args.output)
-            and os.path.samefile(args.output, path)
-        ):
-            parser.error(f"argument --output: {args.output} is the {flag} file {path}; it would be replaced")
+    check_output_is_not_an_input(
+        parser, args.output, {"input": args.input, "prefix": args.prefix, "constraints": args.constraints}
+    )
     sampling = {"top_k": args.top_k, "top_p": args.top_p, "temperature": args.temperature}
     if not args.do_sample and any(value is not None for value in sampling.values()):
         flag = next(name for name, value in sampling.items() if value is not None)
@@ -165,11 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     if args.do_sample:  # sampling draws one sequence a beam: plain sampling unless a beam is asked for
         generate_kwargs.setdefault("num_beams", 1)
-    # the handlers for this command's work only: a caller (a test, a notebook) gets its own back afterwards
-    previous = {stop: signal.signal(stop, raise_interrupted) for stop in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        if isinstance(sys.stdout, io.TextIOWrapper):  # standard output is UTF-8 too, whatever the locale says
-            sys.stdout.reconfigure(encoding="utf-8")
+    with reported(parser.prog):
         # one intra-op thread by default: torch's threads spin at every barrier, and beside another job a thread
         # that loses its core stalls the rest (bench/bench_threads.py)
         torch.set_num_threads(args.threads or 1)
@@ -203,26 +191,6 @@ def main(argv: list[str] | None = None) -> None:
             translator, lines, args.batch_size, generate_kwargs, show_progress=args.input != "-", steering=steering
         )
         write_lines(args.output, format_translations(found, args.format, n_best=args.n_best is not None))
-    except Interrupted as interruption:
-        print(f"\n{parser.prog}: interrupted; nothing was written", file=sys.stderr)
-        sys.exit(interruption.exit_code)
-    except (OSError, ValueError, ImportError) as error:
-        sys.exit(f"{parser.prog}: error: {error}")
-    finally:
-        for stop, handler in previous.items():
-            signal.signal(stop, handler)
-
-
-class Interrupted(BaseException):
-    """Ctrl-C or SIGTERM (a job scheduler's stop): unwinds like KeyboardInterrupt, so no half-written output stays."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.exit_code = 128 + signum
-
-
-def raise_interrupted(signum: int, frame) -> None:
-    raise Interrupted(signum)
 
 
 if __name__ == "__main__":
