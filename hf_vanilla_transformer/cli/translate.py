@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         lines = read_lines(args.input)
         try:
             steering = read_steering_files(steering, lines, args.input, args.prefix, args.constraints)
-            check_steering_of(args.model[0], lines, steering, args.max_new_tokens)
+            if args.prefix or args.constraints:
+                check_steering_of(args.model[0], lines, steering, args.max_new_tokens)
         except (SteeringError, InputError) as error:
             parser.error(str(error))
         translator = load_translator()
