@@ -9,6 +9,7 @@ import torch
 from hf_vanilla_transformer.cli.score import main as score_main
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
 from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline, length_normalized, sequence_scores
+from hf_vanilla_transformer.tools.alignment import align, format_alignment
 from hf_vanilla_transformer.tools.export_ctranslate2 import export
 from hf_vanilla_transformer.tools.scoring import score_lines, score_translations
 from hf_vanilla_transformer.tools.translate import load_translator
@@ -189,6 +190,16 @@ def test_vanilla_score_writes_each_pairs_log_probability_or_its_whole_score(fold
         assert set(row) == {"log_probability", "score", "tokens", "token_log_probs"}
         assert row["score"] == pytest.approx(row["log_probability"] / len(row["tokens"]) ** 0.6)  # the model's α
         assert row["token_log_probs"] == pytest.approx(score.token_log_probs, abs=1e-6)
+    # --alignments: `align`'s pairs of each given pair, after the log-probability and in the JSON
+    translator = load_translator(model_folder, "cpu", "float32", attn_implementation="eager")
+    expected_alignments = [format_alignment(p) for p in align(translator.model, translator.tokenizer, SOURCES, targets)]
+    score_main([*common, "--alignments", "--output", str(tmp_path / "aligned.txt")])
+    aligned = [line.split(" ||| ") for line in (tmp_path / "aligned.txt").read_text().splitlines()]
+    assert [alignment for _, alignment in aligned] == expected_alignments
+    assert [float(log_probability) for log_probability, _ in aligned] == pytest.approx([float(p) for p in plain])
+    score_main([*common, "--alignments", "--format", "jsonl", "--output", str(tmp_path / "aligned.jsonl")])
+    rows = [json.loads(line) for line in (tmp_path / "aligned.jsonl").read_text().splitlines()]
+    assert [row["alignment"] for row in rows] == expected_alignments
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ def save_tiny(folder, seed: int = 0, **overrides) -> str:
     """A tiny random model with the letter tokenizer and the paper's decoding (beam 4), saved in `folder`. One head
     count (CTranslate2 needs it). `<s>`, `<pad>` and `<unk>` are never generated, so that every translation's text
     tokenizes back into its tokens (a random model would write them)."""
-    model = tiny_model(seed, vocab_size=14, decoder_attention_heads=4, **overrides)
+    model = tiny_model(seed, **{"vocab_size": 14, "decoder_attention_heads": 4, **overrides})
     model.generation_config = paper_generation_config(model.config)
     model.generation_config.suppress_tokens = [0, 1, 3]
     model.save_pretrained(folder)
@@ -291,4 +291,37 @@ def test_a_bad_prefix_or_constraints_file_is_one_line_naming_file_and_line(
     )
     assert status == 2, err
     assert message.format(path=path, input=folders["input"]) in err and len(err.strip().splitlines()) == 1, err
+    assert not output.exists()
+
+
+def test_models_that_cannot_decode_together_are_one_line_naming_both_folders(folders, tmp_path, capsys):
+    other = save_tiny(tmp_path / "other", vocab_size=15)
+    output = tmp_path / "out.txt"
+    status, _, err = translate(
+        capsys, "--model", folders["first"], other, "--input", folders["input"], "--output", str(output)
+    )
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{folders['first']} and {other} differ in vocab_size (14 vs 15)" in err
+    assert not output.exists()
+
+
+def test_vanilla_score_refuses_alignments_on_a_ctranslate2_folder(folders, tmp_path, capsys):
+    from hf_vanilla_transformer.cli.score import main as score_main
+
+    output = tmp_path / "out.txt"
+    with pytest.raises(SystemExit) as stop:
+        score_main(
+            [
+                "--model",
+                folders["ctranslate2"],
+                "--source",
+                folders["input"],
+                "--target",
+                folders["input"],
+                "--alignments",
+                "--output",
+                str(output),
+            ]
+        )
+    assert stop.value.code == 2 and "argument --alignments: for model folders" in capsys.readouterr().err
     assert not output.exists()

@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from hf_vanilla_transformer.files import InputError
+    from hf_vanilla_transformer.loading import model_folder
     from hf_vanilla_transformer.tools.translate import (
         COMPUTE_TYPES,
         OUTPUT_FORMATS,
@@ -181,6 +182,13 @@ def main(argv: list[str] | None = None) -> None:
                 check_steering_of(args.model[0], lines, steering, args.max_new_tokens)
         except (SteeringError, InputError) as error:
             parser.error(str(error))
+        if len(args.model) > 1:
+            from hf_vanilla_transformer.tools.ensemble import MembersDiffer, check_members
+
+            try:
+                check_members([model_folder(path) for path in args.model])
+            except MembersDiffer as error:
+                parser.error(str(error))
         translator = load_translator()
         beams = generate_kwargs.get("num_beams", translator.num_beams)
         if steering.n_best > beams and not args.do_sample:

@@ -32,7 +32,7 @@ from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
-from hf_vanilla_transformer.loading import load_model_and_tokenizer
+from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     CACHE_NAME,
     VanillaTransformerForConditionalGeneration,
@@ -256,20 +256,30 @@ class TranslationEnsemble(nn.Module, GenerationMixin):
         return LogitsProcessorList([] if limit is None else [limit])
 
 
-def load_ensemble(folders: Sequence[str], device: str | None = None, dtype=None):
-    """The ensemble of the models in `folders` (loaded as `load_model_and_tokenizer` loads one, on `device` and in
-    `dtype`) and the first folder's tokenizer. Folders whose tokenizers (vocabulary, special token ids) or configs
-    (`SHARED_CONFIG`) differ are refused with a ValueError that names both and what differs."""
-    if not folders:
-        raise ValueError("an ensemble needs at least one model folder")
-    first_model, first_tokenizer = load_model_and_tokenizer(folders[0], device, dtype)
-    models = [first_model]
+class MembersDiffer(ValueError):
+    """Models that cannot decode together: the message names both folders and what differs."""
+
+
+def check_members(folders: Sequence[str]) -> None:
+    """Refuses (`MembersDiffer`) folders whose tokenizers (vocabulary, special token ids) or configs
+    (`SHARED_CONFIG`) differ, from their tokenizer and config files alone, before any weights are read."""
+    from transformers import AutoConfig
+
+    first_tokenizer, first_config = load_tokenizer(folders[0]), AutoConfig.from_pretrained(folders[0])
     for folder in folders[1:]:
-        model, tokenizer = load_model_and_tokenizer(folder, device, dtype)
-        difference = tokenizer_difference(first_tokenizer, tokenizer) or config_difference(
-            first_model.config, model.config
+        difference = tokenizer_difference(first_tokenizer, load_tokenizer(folder)) or config_difference(
+            first_config, AutoConfig.from_pretrained(folder)
         )
         if difference:
-            raise ValueError(f"{folders[0]} and {folder} differ in {difference}: {MEMBERS_SHARE}")
-        models.append(model)
-    return TranslationEnsemble(models), first_tokenizer
+            raise MembersDiffer(f"{folders[0]} and {folder} differ in {difference}: {MEMBERS_SHARE}")
+
+
+def load_ensemble(folders: Sequence[str], device: str | None = None, dtype=None):
+    """The ensemble of the models in `folders` (loaded as `load_model_and_tokenizer` loads one, on `device` and in
+    `dtype`) and the first folder's tokenizer; folders that cannot decode together are refused first
+    (`check_members`)."""
+    if not folders:
+        raise ValueError("an ensemble needs at least one model folder")
+    check_members(folders)
+    models, tokenizers = zip(*(load_model_and_tokenizer(folder, device, dtype) for folder in folders), strict=True)
+    return TranslationEnsemble(list(models)), tokenizers[0]
