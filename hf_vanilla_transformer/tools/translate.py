@@ -4,7 +4,10 @@ Input and output are UTF-8, files and standard streams alike. Lines are sorted b
 little padding is computed, and written back in input order; an empty line stays an empty line. Decoding is the
 model's own (for ours the paper's: beam 4, length penalty 0.6, at most source length + 50 tokens) unless
 --num_beams, --length_penalty or --max_new_tokens say otherwise. A folder written by `vanilla-export-ctranslate2` is
-translated with CTranslate2 (the [fast] extra), with the same decoding: many times faster on a CPU.
+translated with CTranslate2 (the [fast] extra), with the same decoding: many times faster on a CPU; one written by
+`vanilla-export-onnx` greedily with ONNX Runtime; several model folders together as an ensemble. What is asked
+beyond the decoding settings (n-best lists and scores, prefixes, constraints, alignments) is a `Steering`
+(tools/translator.py), which each kind of translator gives as far as its engine can and refuses beyond.
 """
 
 import dataclasses
