@@ -39,8 +39,9 @@ import torch
 
 from bench.common import MULTI30K, machine, marian_like, write_results
 from hf_vanilla_transformer.loading import load_tokenizer
+from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
 from hf_vanilla_transformer.tools.export_ctranslate2 import CARRIED_FILES, export
-from hf_vanilla_transformer.tools.translate import CTranslate2Translator, ModelTranslator, translate_lines
+from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
 from hf_vanilla_transformer.training.data import read_translation_file
 
 QUANTIZATIONS = ("float32", "int8")

@@ -26,8 +26,9 @@ import sacrebleu
 
 from bench.common import MULTI30K, REPO_ROOT, machine, write_results
 from hf_vanilla_transformer.tools import export_ctranslate2, export_onnx
+from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
 from hf_vanilla_transformer.tools.onnx_runtime import OnnxTranslator
-from hf_vanilla_transformer.tools.translate import CTranslate2Translator, ModelTranslator, translate_lines
+from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
 from hf_vanilla_transformer.training.data import read_translation_file
 
 BATCH_SIZE = 64

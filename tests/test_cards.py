@@ -107,7 +107,7 @@ def run_code(code: str, capsys) -> str:
 
 
 def test_the_ctranslate2_cards_code_translates_as_vanilla_translate(folders, capsys):
-    from hf_vanilla_transformer.tools.translate import CTranslate2Translator
+    from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
 
     (code,) = python_blocks(how_to_use(ModelCard.load(f"{folders['ctranslate2']}/README.md")))
     assert "hf_vanilla_transformer" not in code

@@ -9,8 +9,9 @@ import torch
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from hf_vanilla_transformer.loading import ModelFolderError
+from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
 from hf_vanilla_transformer.tools.export_ctranslate2 import export, is_ctranslate2_folder
-from hf_vanilla_transformer.tools.translate import CTranslate2Translator, translate_lines
+from hf_vanilla_transformer.tools.translate import translate_lines
 from hf_vanilla_transformer.training.data import read_translation_file
 from support.models import SENTENCES, letter_tokenizer, tiny_model
 from support.paths import MULTI30K

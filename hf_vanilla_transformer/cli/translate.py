@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from hf_vanilla_transformer.files import InputError
     from hf_vanilla_transformer.loading import model_folder
+    from hf_vanilla_transformer.tools.ctranslate2_runtime import COMPUTE_TYPES
     from hf_vanilla_transformer.tools.translate import (
-        COMPUTE_TYPES,
         OUTPUT_FORMATS,
         Steering,
         SteeringError,

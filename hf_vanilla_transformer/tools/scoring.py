@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from hf_vanilla_transformer.model.pipeline_translation import SequenceScore, scored
-from hf_vanilla_transformer.tools.translate import CTranslate2Translator
+from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
 
 # a chunk of pairs, each (source ids, target ids), to the scored target tokens and their log-probabilities
 ChunkScorer = Callable[[list[tuple[list[int], list[int]]]], list[tuple[list[int], list[float]]]]

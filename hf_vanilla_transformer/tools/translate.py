@@ -12,10 +12,8 @@ beyond the decoding settings (n-best lists and scores, prefixes, constraints, al
 
 import dataclasses
 import functools
-import itertools
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable
 
@@ -30,13 +28,12 @@ from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokeni
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
 from hf_vanilla_transformer.model.pipeline_translation import sequence_scores
 from hf_vanilla_transformer.tools.alignment import format_alignment
-from hf_vanilla_transformer.tools.export_ctranslate2 import QUANTIZATIONS, is_ctranslate2_folder
+from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator, ctranslate2_device
+from hf_vanilla_transformer.tools.export_ctranslate2 import is_ctranslate2_folder
 from hf_vanilla_transformer.tools.prefix import PrefixLogitsProcessor, prefix_token_ids
 from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, SteeringError, Translator, length_limit
 
 logger = logging.getLogger("vanilla-translate")
-# CTranslate2's compute_type: the weights' type as saved (default), the fastest this device has (auto), or one named
-COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
 OUTPUT_FORMATS = ("plain", "jsonl")
 NBEST_SEPARATOR = " ||| "  # between the fields of an n-best line, as fairseq, Moses and Marian write them
 
@@ -179,9 +176,7 @@ class ModelTranslator(Translator):
 
     engine = "generate()"
     features = frozenset({"n_best", "scores", "alignments", "prefixes", "constraints"})
-    decoding = frozenset(
-        {"num_beams", "length_penalty", "max_new_tokens", "do_sample", "top_k", "top_p", "temperature"}
-    )
+    decoding = Translator.decoding | Translator.sampling
 
     def __init__(
         self, model_paths: str | list[str], device: str | None, dtype=None, attn_implementation: str | None = None
@@ -256,174 +251,6 @@ class ModelTranslator(Translator):
             for hypothesis, pairs in zip(found, align(aligner, self.tokenizer, sources, texts), strict=True):
                 hypothesis.alignment = pairs
         return [found[start : start + count] for start in range(0, len(found), count)]
-
-
-class CTranslate2Translator(Translator):
-    """Translation with `ctranslate2.Translator`, decoding as the model's generation config says (for ours the
-    paper's: beam 4, length penalty 0.6, at most the source length + 50 tokens). CTranslate2 takes one length
-    limit per call, so a batch decodes up to its longest source + 50 and each translation is then cut to its own
-    source's limit: exactly what generate() gives for greedy decoding; a beam that reaches the limit may differ.
-    n-best lists, prefixes, sampling and the attention for alignments are CTranslate2's own `translate_batch`
-    options; the tokens' log-probabilities come from its `score_batch`. Constraints and ensembles it has not."""
-
-    engine = "CTranslate2"
-    features = frozenset({"n_best", "scores", "alignments", "prefixes"})
-    decoding = ModelTranslator.decoding
-
-    def __init__(
-        self,
-        model_path: str,
-        device: str | None,
-        compute_type: str = "default",
-        inter_threads: int | None = None,
-        intra_threads: int | None = None,
-    ):
-        from transformers import GenerationConfig
-
-        device = ctranslate2_device(device, compute_type)
-        import ctranslate2  # found by ctranslate2_device, or it says which extra installs it
-
-        self.tokenizer = load_tokenizer(model_path)
-        generation = GenerationConfig.from_pretrained(model_path)
-        self.max_positions = generation.max_length
-        self.num_beams = generation.num_beams or 1
-        self.length_penalty = generation.length_penalty
-        self.new_tokens_over_source = source_length_margin(generation)
-        # tokens the generation config never lets generate() write (`suppress_tokens`), as CTranslate2 names them
-        suppressed = self.tokenizer.convert_ids_to_tokens(generation.suppress_tokens or [])
-        self.suppress_sequences = [[token] for token in suppressed] or None
-        # on a CPU, one batch per core, each on one thread, beats all cores on one batch: 2.3x here for int8
-        # (BENCHMARKS.md); a call hands over several batches so that every worker has one
-        on_cpu = device.type == "cpu"
-        inter_threads = inter_threads or (os.cpu_count() if on_cpu else 1)
-        intra_threads = intra_threads or (1 if on_cpu else 0)
-        self.batches_per_call = 2 * inter_threads
-        # CTranslate2 names a device by its type and index apart: cuda:1 is device="cuda", device_index=1
-        self.translator = ctranslate2.Translator(
-            model_path,
-            device=device.type,
-            device_index=device.index or 0,
-            compute_type=compute_type,
-            inter_threads=inter_threads,
-            intra_threads=intra_threads,
-        )
-
-    def set_seed(self, seed: int) -> None:
-        import ctranslate2
-
-        ctranslate2.set_random_seed(seed)
-
-    def hypotheses(
-        self,
-        sentences: list[str],
-        batch_size: int,
-        steering: Steering,
-        num_beams: int | None = None,
-        length_penalty: float | None = None,
-        max_new_tokens: int | None = None,
-        do_sample: bool = False,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        temperature: float | None = None,
-    ):
-        ids = self.tokenizer(sentences, truncation=True, max_length=self.max_positions)["input_ids"]
-        if max_new_tokens is not None:
-            limits = [max_new_tokens] * len(ids)
-        elif self.new_tokens_over_source is not None:
-            limits = [len(source) + self.new_tokens_over_source for source in ids]
-        else:
-            limits = [self.max_positions] * len(ids)
-        limits = [min(limit, self.max_positions) for limit in limits]
-        source_tokens = [self.tokenizer.convert_ids_to_tokens(source) for source in ids]
-        # sampling draws from the whole distribution unless top_k narrows it (CTranslate2's default, 1, is greedy)
-        sampling = (
-            {"sampling_topk": top_k or 0, "sampling_topp": top_p or 1.0, "sampling_temperature": temperature or 1.0}
-            if do_sample
-            else {}
-        )
-        prefixes = None
-        if steering.prefixes is not None:
-            prefixes = [
-                self.tokenizer.convert_ids_to_tokens(p) for p in prefix_token_ids(self.tokenizer, steering.prefixes)
-            ]
-        options = dict(
-            beam_size=1 if do_sample else num_beams or self.num_beams,
-            num_hypotheses=steering.n_best,
-            length_penalty=self.length_penalty if length_penalty is None else length_penalty,
-            max_decoding_length=max(limits),
-            max_batch_size=batch_size,
-            return_scores=steering.scores,
-            return_attention=steering.alignments,
-            suppress_sequences=self.suppress_sequences,
-            **sampling,
-        )
-        # in a beam search over sources of different lengths, CTranslate2's attention of the first target token
-        # weighs the padding: for alignments, each call holds sources of one length (the lines come sorted by it)
-        groups = [len(source) for source in source_tokens] if steering.alignments else [0] * len(source_tokens)
-        results = []
-        for _, members in itertools.groupby(range(len(source_tokens)), key=groups.__getitem__):
-            members = list(members)
-            results += self.translator.translate_batch(
-                [source_tokens[i] for i in members],
-                target_prefix=None if prefixes is None else [prefixes[i] for i in members],
-                **options,
-            )
-        outputs = [
-            [tokens[:limit] for tokens in result.hypotheses] for result, limit in zip(results, limits, strict=True)
-        ]
-        found = [[Hypothesis(self.decode(tokens)) for tokens in hypotheses] for hypotheses in outputs]
-        flat = [hypothesis for hypotheses in found for hypothesis in hypotheses]
-        sources = [source for source, hypotheses in zip(source_tokens, outputs, strict=True) for _ in hypotheses]
-        targets = [tokens for hypotheses in outputs for tokens in hypotheses]
-        if steering.scores:
-            ranked = [score for result in results for score in result.scores]
-            scored = self.translator.score_batch(sources, targets, max_batch_size=batch_size)
-            for hypothesis, score, result in zip(flat, ranked, scored, strict=True):
-                hypothesis.score, hypothesis.log_probability = score, sum(result.log_probs)
-                hypothesis.tokens, hypothesis.token_log_probs = result.tokens, result.log_probs
-        if steering.alignments:
-            attention = [weights for result in results for weights in result.attention]
-            for hypothesis, source, target, weights in zip(flat, sources, targets, attention, strict=True):
-                hypothesis.alignment = token_attention_alignment(self.tokenizer, source, target, weights)
-        return found
-
-    def decode(self, tokens: list[str]) -> str:
-        return self.tokenizer.decode(self.tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True)
-
-
-def token_attention_alignment(tokenizer, source: list[str], target: list[str], weights: list[list[float]]):
-    """Word alignment of a source and a translation, both as tokens (`source` ending in `</s>`), from one attention
-    matrix between them (a row per target token, a column per source token: CTranslate2's `return_attention`),
-    turned into words as tools/alignment.py turns our model's attention."""
-    from hf_vanilla_transformer.tools.alignment import DEFAULT_METHOD, most_attended, token_words, word_attention
-
-    words = []
-    for tokens in (source, target):
-        ids = tokenizer.convert_tokens_to_ids(tokens)
-        # each token's span in the decoded text: what decoding it adds
-        ends = [len(tokenizer.decode(ids[: end + 1], skip_special_tokens=True)) for end in range(len(ids))]
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        words.append((token_words(text, list(zip([0, *ends[:-1]], ends, strict=True))), len(text.split())))
-    (source_words, source_count), (target_words, target_count) = words
-    attention = torch.tensor(weights)[None, None, : len(target)]  # one layer, one head: CTranslate2's average
-    pooled = word_attention(attention, source_words, target_words, (source_count, target_count))
-    return most_attended(pooled.of(0, None, "predicting"), DEFAULT_METHOD)
-
-
-def ctranslate2_device(device: str | None, compute_type: str):
-    """The device CTranslate2 is to run on (`device`; default: cuda if it finds one, else cpu) as a torch.device,
-    refused where CTranslate2 is not installed, finds no such device or cannot compute in `compute_type` there."""
-    ctranslate2 = require("ctranslate2", "translating a CTranslate2 folder")
-    cuda_devices = ctranslate2.get_cuda_device_count()
-    engine = f"CTranslate2 {ctranslate2.__version__}"
-    device = check_device(
-        device or ("cuda" if cuda_devices else "cpu"), engine, "cuda" if cuda_devices else None, cuda_devices
-    )
-    supported = ctranslate2.get_supported_compute_types(device.type, device.index or 0)
-    if compute_type not in ("default", "auto", *supported):
-        types = ", ".join(sorted(supported))
-        raise ValueError(f"compute_type {compute_type}: {engine} computes in {types} on this {device.type}")
-    return device
 
 
 def translate_lines(translator, lines: list[str], batch_size: int, generate_kwargs: dict, show_progress: bool):

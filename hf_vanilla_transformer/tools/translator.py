@@ -61,6 +61,7 @@ class Translator:
     batches_per_call = 1
     features: frozenset[str] = frozenset()
     decoding: frozenset[str] = frozenset({"num_beams", "length_penalty", "max_new_tokens"})
+    sampling = frozenset({"do_sample", "top_k", "top_p", "temperature"})  # generate()'s names, for those that sample
 
     def hypotheses(self, sentences: list[str], batch_size: int, steering: Steering, **generate_kwargs):
         raise NotImplementedError
