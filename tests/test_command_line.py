@@ -229,7 +229,7 @@ def test_without_the_extras_the_console_scripts_say_which(work, tmp_path):
     before = files_under(tmp_path / "model") | files_under(tmp_path / "ct2")
     for command, flags, package, purpose, extra in EXTRAS_MISSING[:2]:
         result = subprocess.run(
-            [shutil.which(command), *work[command], *flags], env=environment, stdin=subprocess.DEVNULL,
+            [shutil.which(command), *with_flags(work[command], flags)], env=environment, stdin=subprocess.DEVNULL,
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert result.returncode == 1
