@@ -77,6 +77,11 @@ def translate(capsys, *args: str) -> tuple[int, list[str], str]:
     return status, captured.out.splitlines(), captured.err
 
 
+def translate_input(capsys, folders, *flags: str, models: tuple[str, ...] = ("first",)):
+    """`translate` of the fixture's input file with the fixture's `models` (names in `folders`) and `flags`."""
+    return translate(capsys, "--model", *(folders[name] for name in models), "--input", folders["input"], *flags)
+
+
 def nbest_rows(lines: list[str]) -> list[tuple[int, str, float, float]]:
     rows = []
     for line in lines:
@@ -88,7 +93,7 @@ def nbest_rows(lines: list[str]) -> list[tuple[int, str, float, float]]:
 def test_n_best_lists_are_ranked_scored_and_scores_are_the_models_own(folders, capsys):
     """`--n_best 3`: three hypotheses a line, best first, each score the beam's (length penalty applied) and each
     log-probability what vanilla-score's function gives the same pair (forced decoding)."""
-    status, lines, err = translate(capsys, "--model", folders["first"], "--input", folders["input"], "--n_best", "3")
+    status, lines, err = translate_input(capsys, folders, "--n_best", "3")
     assert status == 0, err
     rows = nbest_rows(lines)
     assert [number for number, *_ in rows] == [0, 0, 0, 1, 1, 1, 2, 3, 3, 3, 4, 4, 4]  # the blank line: one empty
@@ -107,9 +112,7 @@ def test_n_best_lists_are_ranked_scored_and_scores_are_the_models_own(folders, c
 
 
 def test_jsonl_holds_every_hypothesis_with_tokens_and_their_log_probabilities(folders, capsys):
-    status, lines, err = translate(
-        capsys, "--model", folders["first"], "--input", folders["input"], "--n_best", "2", "--format", "jsonl"
-    )
+    status, lines, err = translate_input(capsys, folders, "--n_best", "2", "--format", "jsonl")
     assert status == 0, err
     objects = [json.loads(line) for line in lines]
     assert len(objects) == len(SOURCES)
@@ -129,16 +132,7 @@ def test_jsonl_holds_every_hypothesis_with_tokens_and_their_log_probabilities(fo
 def test_every_translation_starts_with_its_lines_prefix(folders, tmp_path, capsys, decoding):
     prefixes = ["a b", "", "", "j j j", "c"]
     (tmp_path / "prefix.txt").write_text("\n".join(prefixes) + "\n")
-    status, lines, err = translate(
-        capsys,
-        "--model",
-        folders["first"],
-        "--input",
-        folders["input"],
-        "--prefix",
-        str(tmp_path / "prefix.txt"),
-        *decoding,
-    )
+    status, lines, err = translate_input(capsys, folders, "--prefix", str(tmp_path / "prefix.txt"), *decoding)
     assert status == 0, err
     for source, prefix, line in zip(SOURCES, prefixes, lines, strict=True):
         if source:
@@ -157,18 +151,7 @@ def test_the_prefix_processor_keeps_the_models_score_of_the_forced_token():
 def test_a_seeded_sample_is_the_same_twice_and_another_seed_differs(folders, capsys):
     runs = {}
     for seed in ("1", "1", "2"):
-        status, lines, err = translate(
-            capsys,
-            "--model",
-            folders["first"],
-            "--input",
-            folders["input"],
-            "--do_sample",
-            "--seed",
-            seed,
-            "--n_best",
-            "3",
-        )
+        status, lines, err = translate_input(capsys, folders, "--do_sample", "--seed", seed, "--n_best", "3")
         assert status == 0, err
         runs.setdefault(seed, []).append(lines)
     assert runs["1"][0] == runs["1"][1]
@@ -177,31 +160,22 @@ def test_a_seeded_sample_is_the_same_twice_and_another_seed_differs(folders, cap
 
 def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(folders, capsys):
     outputs = []
-    for models in ([folders["first"]], [folders["first"], folders["first"]]):
-        status, lines, err = translate(capsys, "--model", *models, "--input", folders["input"], "--n_best", "2")
+    for models in (("first",), ("first", "first")):
+        status, lines, err = translate_input(capsys, folders, "--n_best", "2", models=models)
         assert status == 0, err
         outputs.append(nbest_rows(lines))
     assert [row[:2] for row in outputs[0]] == [row[:2] for row in outputs[1]]
     assert [row[2:] for row in outputs[0]] == pytest.approx([row[2:] for row in outputs[1]], abs=2e-4)
-    status, lines, err = translate(capsys, "--model", folders["first"], folders["second"], "--input", folders["input"])
+    status, lines, err = translate_input(capsys, folders, models=("first", "second"))
     assert status == 0 and len(lines) == len(SOURCES), err
 
 
-@pytest.mark.parametrize("models", [["first"], ["first", "second"]])
+@pytest.mark.parametrize("models", [("first",), ("first", "second")])
 def test_constraints_appear_in_every_hypothesis_of_a_model_or_an_ensemble(folders, tmp_path, capsys, models):
     constraints = [["j j"], [], [], ["c", "d e"], ["a"]]
     (tmp_path / "terms.jsonl").write_text("\n".join(map(json.dumps, constraints)) + "\n")
-    status, lines, err = translate(
-        capsys,
-        "--model",
-        *(folders[name] for name in models),
-        "--input",
-        folders["input"],
-        "--constraints",
-        str(tmp_path / "terms.jsonl"),
-        "--n_best",
-        "2",
-    )
+    terms = str(tmp_path / "terms.jsonl")
+    status, lines, err = translate_input(capsys, folders, "--constraints", terms, "--n_best", "2", models=models)
     assert status == 0, err
     for number, text, *_ in nbest_rows(lines):
         for phrase in constraints[number]:
@@ -213,7 +187,7 @@ def test_alignments_are_those_of_the_models_attention_on_each_translation(folder
     two sentences' words; on CTranslate2, from its attention, the same pairs."""
     translator = load_translator(folders["first"], "cpu", "float32")
     for name in ("first", "ctranslate2"):
-        status, lines, err = translate(capsys, "--model", folders[name], "--input", folders["input"], "--alignments")
+        status, lines, err = translate_input(capsys, folders, "--alignments", models=(name,))
         assert status == 0, err
         for source, line in zip(SOURCES, lines, strict=True):
             translation, alignment = line.split(" ||| ")
@@ -262,9 +236,7 @@ def test_ctranslate2_scores_n_best_lists_prefixes_and_samples_as_our_model_does(
 def test_what_a_route_or_flag_cannot_give_is_one_line_and_exit_2(folders, tmp_path, capsys, route, flags, message):
     flags = [{"IN": folders["input"], "FIRST": folders["first"]}.get(flag, flag) for flag in flags]
     output = tmp_path / "out.txt"
-    status, _, err = translate(
-        capsys, "--model", folders[route], "--input", folders["input"], "--output", str(output), *flags
-    )
+    status, _, err = translate_input(capsys, folders, "--output", str(output), *flags, models=(route,))
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not output.exists()
 
@@ -286,9 +258,7 @@ def test_a_bad_prefix_or_constraints_file_is_one_line_naming_file_and_line(
 ):
     path, output = tmp_path / "steer.txt", tmp_path / "out.txt"
     path.write_text(content)
-    status, _, err = translate(
-        capsys, "--model", folders["first"], "--input", folders["input"], "--output", str(output), flag, str(path)
-    )
+    status, _, err = translate_input(capsys, folders, "--output", str(output), flag, str(path))
     assert status == 2, err
     assert message.format(path=path, input=folders["input"]) in err and len(err.strip().splitlines()) == 1, err
     assert not output.exists()
