@@ -18,7 +18,7 @@ from hf_vanilla_transformer.tools.export_onnx import ONNX_FOLDER
 from hf_vanilla_transformer.tools.onnx_runtime import is_onnx_folder
 from hf_vanilla_transformer.tools.prefix import PrefixLogitsProcessor
 from hf_vanilla_transformer.tools.scoring import score_translations
-from hf_vanilla_transformer.tools.translate import Steering, load_translator, translate_lines_in_full
+from hf_vanilla_transformer.tools.translate import Steering, load_translator, translate_lines_in_full, translator_kind
 from support.models import letter_tokenizer, tiny_model
 
 SOURCES = ["a b c d e f", "j i h", "", "b", "c c c c c c c"]
@@ -210,10 +210,11 @@ def test_ctranslate2_scores_n_best_lists_prefixes_and_samples_as_our_model_does(
     assert [h.log_probability for _, h in pairs] == pytest.approx([s.log_probability for s in scored], abs=1e-4)
     for source, prefix, hypotheses in zip(SOURCES, prefixes, found, strict=True):
         assert len(hypotheses) == (2 if source else 1) and all(h.text.startswith(prefix) for h in hypotheses)
-    for translator in (ours, theirs):
+    for name in ("first", "ctranslate2"):
         samples = []
-        for _ in range(2):
-            translator.set_seed(7)
+        for _ in range(2):  # seeded before the translator starts, as vanilla-translate seeds
+            translator_kind([folders[name]]).set_seed(7)
+            translator = load_translator(folders[name], "cpu")
             sample = translate_lines_in_full(translator, SOURCES, 8, {"do_sample": True, "num_beams": 1}, False)
             samples.append([[h.text for h in hs] for hs in sample])
         assert samples[0] == samples[1]

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
         read_lines,
         read_steering_files,
         translate_lines_in_full,
+        translator_kind,
         translator_loader,
         write_lines,
     )
@@ -189,13 +190,13 @@ def main(argv: list[str] | None = None) -> None:
                 check_members([model_folder(path) for path in args.model])
             except MembersDiffer as error:
                 parser.error(str(error))
+        if args.seed is not None:  # before the translator starts: CTranslate2 seeds its workers as it starts them
+            translator_kind(args.model).set_seed(args.seed)
         translator = load_translator()
         beams = generate_kwargs.get("num_beams", translator.num_beams)
         if steering.n_best > beams and not args.do_sample:
             generate_kwargs["num_beams"] = steering.n_best
             print(f"{parser.prog}: the beam is raised from {beams} to --n_best {args.n_best}", file=sys.stderr)
-        if args.seed is not None:
-            translator.set_seed(args.seed)
         found = translate_lines_in_full(
             translator, lines, args.batch_size, generate_kwargs, show_progress=args.input != "-", steering=steering
         )

@@ -70,7 +70,8 @@ class CTranslate2Translator(Translator):
             intra_threads=intra_threads,
         )
 
-    def set_seed(self, seed: int) -> None:
+    @staticmethod
+    def set_seed(seed: int) -> None:
         import ctranslate2
 
         ctranslate2.set_random_seed(seed)

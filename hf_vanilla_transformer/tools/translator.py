@@ -69,9 +69,10 @@ class Translator:
     def translate(self, sentences: list[str], batch_size: int, **generate_kwargs) -> list[str]:
         return [found[0].text for found in self.hypotheses(sentences, batch_size, Steering(), **generate_kwargs)]
 
-    def set_seed(self, seed: int) -> None:
+    @staticmethod
+    def set_seed(seed: int) -> None:
         """Seeds the random numbers sampling draws (Python's, NumPy's and torch's), so that a seed gives the same
-        samples again."""
+        samples again; called before the translator is made (CTranslate2 seeds its workers as it starts them)."""
         from transformers import set_seed
 
         set_seed(seed)
