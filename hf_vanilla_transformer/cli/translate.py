@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from hf_vanilla_transformer.files import InputError
-    from hf_vanilla_transformer.loading import model_folder
     from hf_vanilla_transformer.tools.ctranslate2_runtime import COMPUTE_TYPES
+    from hf_vanilla_transformer.tools.ensemble import MembersDiffer
     from hf_vanilla_transformer.tools.translate import (
         OUTPUT_FORMATS,
         Steering,
@@ -183,16 +183,12 @@ def main(argv: list[str] | None = None) -> None:
                 check_steering_of(args.model[0], lines, steering, args.max_new_tokens)
         except (SteeringError, InputError) as error:
             parser.error(str(error))
-        if len(args.model) > 1:
-            from hf_vanilla_transformer.tools.ensemble import MembersDiffer, check_members
-
-            try:
-                check_members([model_folder(path) for path in args.model])
-            except MembersDiffer as error:
-                parser.error(str(error))
         if args.seed is not None:  # before the translator starts: CTranslate2 seeds its workers as it starts them
             translator_kind(args.model).set_seed(args.seed)
-        translator = load_translator()
+        try:  # an ensemble's members are compared before any weights are read (load_ensemble)
+            translator = load_translator()
+        except MembersDiffer as error:
+            parser.error(str(error))
         beams = generate_kwargs.get("num_beams", translator.num_beams)
         if steering.n_best > beams and not args.do_sample:
             generate_kwargs["num_beams"] = steering.n_best
