@@ -1,12 +1,17 @@
 """Files: input read line by line, with errors that name the line; output written so that an interrupted or failed
 command never leaves a file or folder that looks complete."""
 
+import contextlib
+import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 
 class InputError(ValueError):
@@ -29,16 +34,45 @@ def check_output_dir(output_dir: str, overwrite_output_dir: bool, source: str | 
 
 
 def replace_atomically(path: str, write: Callable[[str], object]) -> None:
-    """`write(PATH.partial)`, then rename it to `path`: a reader never sees half a file, and an interrupted write
-    (an error, Ctrl-C) removes what it wrote."""
-    temporary = f"{path}.partial"
+    """`write(temporary)`, flushed to disk, then renamed to `path`: a reader never sees half a file, a crash or a
+    full disk leaves the old file or the new one whole, and an interrupted write (an error, Ctrl-C) removes what it
+    wrote. The temporary file (`.NAME.XXXX.partial` beside `path`) has a name of its own, so that two writers of the
+    same path never write into one file."""
+    folder, name = os.path.split(os.path.abspath(path))
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
+    os.close(descriptor)
     try:
+        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp's file is private; the result should not be
         write(temporary)
+        flush_to_disk(temporary)
         os.replace(temporary, path)
+    except OSError as error:  # a full disk, a file size limit: say which file could not be written
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(temporary)
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, f"cannot write {path} ({error.strerror})") from None
     except BaseException:
-        if os.path.exists(temporary):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(temporary)
         raise
+
+
+def flush_to_disk(path: str) -> None:
+    """Make the system write `path`'s data to the disk now: a rename is on disk before the data it names otherwise
+    (ext4's delayed allocation), and a power cut would leave an empty file under the final name."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: it is set straight back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def write_text_atomically(path: str, text: str) -> None:
@@ -51,23 +85,73 @@ def write_text_atomically(path: str, text: str) -> None:
     replace_atomically(path, write)
 
 
+# The folders atomic_output_dir keeps beside OUTPUT (hidden, so that none looks like a finished folder), each named
+# with the process that made it: the folder being written, the replaced one set aside, and that one being deleted.
+STAGING, REPLACED, DELETING = "partial", "replaced", "deleting"
+
+
 @contextmanager
 def atomic_output_dir(output_dir: str, overwrite_output_dir: bool = False) -> Iterator[str]:
-    """Yield a temporary folder beside `output_dir`; on success it replaces `output_dir`, on error it is removed."""
+    """Yield a temporary folder beside `output_dir`; on success it replaces `output_dir`, on error it is removed.
+
+    The replacement is three renames, so that `output_dir` is always the old folder whole, the new one whole or (for
+    the moment between the first two renames) absent: the old folder is set aside, the new one moved in, and the old
+    one renamed for deletion and deleted. What a killed process left of this (its hidden folders) is cleaned up by
+    the next call for the same `output_dir`, which first puts a set-aside old folder back where no folder took its
+    place (`clean_up_after_killed_writers`)."""
+    output_dir = os.path.abspath(output_dir)
+    clean_up_after_killed_writers(output_dir)
     check_output_dir(output_dir, overwrite_output_dir)
-    parent = os.path.dirname(os.path.abspath(output_dir))
+    parent, name = os.path.split(output_dir)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(output_dir))}.", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private; the result should not be
+    staging = tempfile.mkdtemp(prefix=f".{name}.{STAGING}-{os.getpid()}-", dir=parent)
+    os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's folder is private; the result should not be
     try:
         yield staging
+        replaced = None
         if os.path.isdir(output_dir):
-            shutil.rmtree(output_dir)
+            replaced = os.path.join(parent, f".{name}.{REPLACED}-{os.getpid()}")
+            os.rename(output_dir, replaced)
         os.rename(staging, output_dir)
+        if replaced is not None:
+            deleting = os.path.join(parent, f".{name}.{DELETING}-{os.getpid()}")
+            os.rename(replaced, deleting)  # from here on it is no longer whole: never put back
+            shutil.rmtree(deleting)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def clean_up_after_killed_writers(output_dir: str) -> None:
+    """Remove what killed `atomic_output_dir`s for `output_dir` left beside it: their unfinished folders and old
+    folders being deleted; an old folder set aside is put back if nothing replaced it (a kill between the two
+    renames), else deleted. Folders of a process still running are its own business and left alone."""
+    parent, name = os.path.split(output_dir)
+    if not os.path.isdir(parent):
+        return
+    left = re.compile(rf"\.{re.escape(name)}\.({STAGING}|{REPLACED}|{DELETING})-(\d+)(-.*)?")
+    for entry in sorted(os.listdir(parent)):
+        match = left.fullmatch(entry)
+        if match is None or process_is_running(int(match[2])):
+            continue
+        path = os.path.join(parent, entry)
+        if match[1] == REPLACED and not os.path.exists(output_dir):
+            os.rename(path, output_dir)
+            logger.warning("%s: put back the folder a killed command had set aside to replace it", output_dir)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def process_is_running(pid: int) -> bool:
+    """Whether a process of this id exists (signal 0 checks without sending anything)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def numbered_lines(path: str) -> Iterator[tuple[int, str]]:
