@@ -6,6 +6,7 @@ raises becomes a `ModelFolderError`. docs/loading.md lists which checks are ours
 """
 
 import json
+import logging
 import math
 import os
 
@@ -17,6 +18,8 @@ from hf_vanilla_transformer.hardware import check_torch_device, default_device
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 RUN_RECORD = "run_record.json"  # what the run that trained the model did (training/run.py), which its card shows
+
+logger = logging.getLogger(__name__)
 
 
 class ModelFolderError(ValueError):
@@ -30,22 +33,42 @@ def load_model_and_tokenizer(model_path: str, device: str | None = None, dtype=N
     return load_model(model_path, device, dtype, attn_implementation), load_tokenizer(model_path)
 
 
+# What the model folders we load hold (ours, and our CTranslate2 and ONNX exports): a Hub download takes these files
+# and nothing else. No code (no folder's code is ever run here), no pickles, no checkpoints or training state.
+MODEL_FILES = [
+    CONFIG_NAME,
+    "generation_config.json",
+    WEIGHTS_NAME,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "model.bin",  # CTranslate2
+    "shared_vocabulary.*",
+    "onnx/*.onnx",  # ONNX
+    "onnx/*.onnx_data",
+]
+
+
 def model_folder(model: str) -> str:
-    """`model` if it is a folder (or a path that no Hub id looks like), else the folder of the Hub model of that id,
-    downloaded or found in the cache (`snapshot_download`, which works offline from the cache)."""
+    """`model` if it names a local path, else the folder of the Hub model of that id, downloaded (its MODEL_FILES
+    only) or found in the cache (`snapshot_download`, which works offline from the cache).
+
+    A local path is a folder that exists, anything no Hub id looks like ("/data/model", "./model"), or an id-like
+    name whose first part exists here: `runs/multi30k-smal`, mistyped where `runs/` is, is a missing folder, not a
+    repository `multi30k-smal` of a Hub user `runs` to be downloaded and run. The loaders then say what is missing."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
     try:
         validate_repo_id(model)
-    except HFValidationError:  # a path, not an id ("/data/model", "./model"): the loaders say what is missing
+    except HFValidationError:
         return model
-    if os.path.isdir(model):
+    if os.path.exists(model.split("/")[0]):
         return model
-
+    logger.warning("%s: no such folder here; loading the model of that id from the Hugging Face Hub", model)
     try:
-        return snapshot_download(model)
+        return snapshot_download(model, allow_patterns=MODEL_FILES)
     except (OSError, ValueError) as error:  # huggingface_hub's errors for a bad id, a missing repo, no network
         raise ModelFolderError(f"{model}: not a model folder, nor a model on the Hub ({first_line(error)})") from None
 

@@ -2,8 +2,11 @@
 file, before memory is spent on it and without running the folder's code."""
 
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from hf_vanilla_transformer.loading import ModelFolderError, load_model, load_model_and_tokenizer, load_tokenizer
 from support.hostile import FUZZ_SETTINGS, JSON_VALUES, assert_one_line_error
+from support.hub_server import COMMIT, served_hub
 from support.models import letter_tokenizer, tiny_model
 
 FOLDER_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
@@ -149,6 +153,42 @@ def test_the_errors_name_the_path_of_a_missing_folder(tmp_path):
         load_model(str(tmp_path / "none"), "cpu")
     with pytest.raises(ModelFolderError, match=rf"^{missing}: no such folder$"):
         load_tokenizer(str(tmp_path / "none"))
+
+
+@pytest.mark.parametrize("mistyped", ["runs/multi30k-smal", "runs"])
+def test_a_mistyped_local_path_is_a_missing_folder_not_a_hub_download(model_folder, tmp_path, monkeypatch, mistyped):
+    """`runs/multi30k-smal` (a letter missing) where `runs/` is here reads as a Hub id; it must not be looked up
+    there, where any Hub user `runs` could have put a repository of that name."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(model_folder, tmp_path / "runs" / "multi30k-small")
+    if mistyped == "runs":  # an existing folder that is not a model
+        (tmp_path / "runs" / "notes.txt").write_text("")
+    with pytest.raises(ModelFolderError, match=rf"^{mistyped}: not a model folder \(no config.json\)$"):
+        load_model_and_tokenizer(mistyped, "cpu")
+
+
+# A model repository on the Hub with more than a model in it: code that would run if loaded, the training's pickle,
+# a checkpoint with its optimizer state.
+NOT_MODEL_FILES = ["modeling_evil.py", "training_args.bin", "checkpoint-8/optimizer.pt", ".env"]
+
+
+@pytest.mark.slow  # a process of its own for the endpoint: torch and transformers load in it
+def test_a_hub_model_is_said_to_come_from_the_hub_and_only_its_model_files_are_downloaded(model_folder, tmp_path):
+    files = {path.name: path.read_bytes() for path in model_folder.iterdir()}
+    files.update(dict.fromkeys(NOT_MODEL_FILES, b"not for loading"))
+    code = (
+        "from hf_vanilla_transformer.loading import load_model_and_tokenizer\n"
+        "model, tokenizer = load_model_and_tokenizer('someone/tiny', 'cpu')\n"
+        "print(type(model).__name__, tokenizer('a b')['input_ids'])\n"
+    )
+    with served_hub("someone/tiny", files) as (endpoint, requested):
+        env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0", "HF_HOME": str(tmp_path / "home")}
+        result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == "VanillaTransformerForConditionalGeneration [4, 5, 2]\n"
+    assert "someone/tiny: no such folder here; loading the model of that id from the Hugging Face Hub" in result.stderr
+    downloaded = {path.rpartition(f"/{COMMIT}/")[2] for path in requested if "/resolve/" in path}
+    assert downloaded == set(FOLDER_FILES)
 
 
 # integers of sizes that fit in memory, and far beyond it; those between build a real, large model, which is no error
