@@ -296,3 +296,30 @@ def test_vanilla_score_refuses_alignments_on_a_ctranslate2_folder(folders, tmp_p
         )
     assert stop.value.code == 2 and "argument --alignments: for model folders" in capsys.readouterr().err
     assert not output.exists()
+
+
+class LongestText:
+    """A tokenizer that notes the longest text it was given (in characters)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.longest = tokenizer, 0
+
+    def __call__(self, texts, **kwargs):
+        self.longest = max(self.longest, *map(len, [texts] if isinstance(texts, str) else texts))
+        return self.tokenizer(texts, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_a_10_mb_line_is_cut_before_it_is_tokenized_and_translated_from_its_start(folders, caplog):
+    """Only its first max_positions tokens are translated: the line is cut to a start that holds them before the
+    tokenizer sees it, and translates as that start does."""
+    translator = load_translator(folders["first"], "cpu")
+    translator.tokenizer = LongestText(translator.tokenizer)
+    long_line = "a bc " * 2_000_000  # 10 MB, with words the cut could split
+    start = " ".join(long_line.split()[:200])  # 300 tokens, more than the 128 positions
+    found = translate_lines_in_full(translator, [SOURCES[0], long_line, start], 4, {"num_beams": 1}, False)
+    assert found[1][0].text == found[2][0].text and found[0][0].text != found[1][0].text
+    assert translator.tokenizer.longest <= 2 * 128 * len("<unk>")  # the positions times the longest token, doubled
+    assert "2 line(s) have more tokens than the model's 128 positions" in caplog.text

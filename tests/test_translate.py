@@ -147,7 +147,8 @@ def test_binary_input_a_broken_model_and_blank_lines_end_cleanly(trained_run, tm
 def test_a_line_longer_than_the_model_is_translated_from_its_start_with_a_warning(
     trained_run, tmp_path, translate_here, caplog
 ):
-    """A 1 MB line: tokenized in full, translated from its first max_position_embeddings tokens, on its own line."""
+    """A 1 MB line: cut before it is tokenized, translated from its first max_position_embeddings tokens, on its
+    own line."""
     long_line = " ".join(["A man is sleeping."] * 50_000)
     (tmp_path / "in.txt").write_text(f"{SENTENCES[0]}\n{long_line}\n{SENTENCES[1]}\n", encoding="utf-8")
     output = tmp_path / "out.txt"

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable
 
@@ -273,10 +274,10 @@ def translate_lines_in_full(
     (`SteeringError`). Batches hold sentences of similar length. Only strings and numbers are kept, never a batch's
     tensors, so memory grows with the text alone."""
     steering = steering or Steering()
-    lines = [line.strip() for line in lines]
+    positions = translator.max_positions
+    lines = cut_long_lines(translator.tokenizer, [line.strip() for line in lines], positions)
     todo = [i for i, line in enumerate(lines) if line]
     lengths = token_counts(translator.tokenizer, [lines[i] for i in todo])
-    positions = translator.max_positions
     too_long = [index + 1 for index, length in zip(todo, lengths, strict=True) if length > positions]
     if too_long:
         logger.warning(
@@ -365,6 +366,29 @@ def check_steering(tokenizer, steering: Steering, todo: list[int], limits: list[
                     f"{name}: the constraints' {needed - 1} tokens and </s> do not fit in the line's limit of "
                     f"{limit} tokens"
                 )
+
+
+def cut_long_lines(tokenizer, lines: list[str], positions: int) -> list[str]:
+    """`lines`, each cut to a start that holds more than `positions` tokens where it is much longer: only a line's
+    first `positions` tokens are translated, and tokenizing all of a 10 MB line to find them takes seconds and
+    gigabytes. A line is cut only when it has more characters than `positions` times the vocabulary's longest token
+    (a token takes at most that many, so a shorter line cannot hold more than `positions` tokens), and at a space,
+    so that the words before the cut are tokenized as in the whole line. Where spaces or characters that make no
+    token leave the cut short of `positions` tokens, it doubles until it is not."""
+    longest = max(map(len, tokenizer.get_vocab()))
+    return [cut_long_line(tokenizer, line, positions, positions * longest) for line in lines]
+
+
+def cut_long_line(tokenizer, line: str, positions: int, characters: int) -> str:
+    while characters < len(line):
+        cut = line[:characters]
+        last_word = None if line[characters].isspace() else re.search(r"\s\S*\Z", cut)
+        if last_word is not None:  # the cut splits a word: it goes, whole
+            cut = cut[: last_word.start()]
+        if len(tokenizer(cut)["input_ids"]) > positions:
+            return cut
+        characters *= 2
+    return line
 
 
 def token_counts(tokenizer, texts: list[str], chunk: int = 4096) -> list[int]:
