@@ -1,17 +1,24 @@
 """Each model card's claims, read back against its folder's files: the library, the decoding, and the code, which
-runs as written (where the card says it needs no package of ours, in a Python where it cannot be imported)."""
+runs as written (where the card says it needs no package of ours, in a Python where it cannot be imported), and
+stays the same code whatever the example sentence and the model's path hold."""
 
+import ast
+import io
 import json
 import re
+import shlex
+import tokenize
 from pathlib import Path
 
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from hf_vanilla_transformer.loading import RUN_RECORD
-from hf_vanilla_transformer.tools.card import write_model_card
+from hf_vanilla_transformer.tools.card import code_literal, render_model_card, write_export_card, write_model_card
 from support.files import write_dataset
 from support.models import generate_text, letter_tokenizer, tiny_model
 from support.runs import TINY_MODEL_RUN
@@ -169,3 +176,132 @@ def test_a_runs_card_loads_its_folder_from_where_the_run_started_and_a_push_name
     model_code, pipeline_code = python_blocks(how_to_use(pushed))
     assert names_model(model_code, pipeline_code, "someone/tiny-en-de")  # the text only: the Hub is offline here
     assert "runs/tiny-en-de" not in how_to_use(pushed)
+
+
+# Example sentences that broke a card's code out of its string literals (the first test-set source is the example)
+HOSTILE = [
+    'He said "hello".',
+    'a backslash before a quote: \\" and on',
+    "a trailing backslash \\",
+    'three quotes """ in a row',
+    "three single quotes ''' in a row",
+    "two\nlines",
+    # closes the export cards' literal, or as `\\"` the main card's (which escaped `"`, not `\\`), and runs a command
+    '"]); __import__("os").system("touch PWNED")  #',
+    "\\\"]); __import__('os').system('touch PWNED')  #",
+    "code `spans`, a fence ``` and\n```\na line of its own",
+    "中文句子, an emoji 😀 and a line\u2028separator",
+]
+PLAIN = {"EXAMPLE": EXAMPLE, "MODEL": "runs/tiny-en-de"}
+# a folder's path, as a run's card names it: quotes, a backslash, a shell substitution, non-ASCII
+HOSTILE_MODEL_ID = 'runs/it\'s a "tiny" \\ $(touch PWNED) 模型'
+
+
+@given(st.text())
+def test_a_code_literal_is_the_string_in_python_and_in_json_on_one_printable_line(text):
+    literal = code_literal(text)
+    assert ast.literal_eval(literal) == json.loads(literal) == text  # JSON's strings are JavaScript's
+    assert all(character.isprintable() or ord(character) > 0xFFFF for character in literal)
+
+
+@pytest.fixture(scope="module")
+def write_cards(tmp_path_factory):
+    """`write_cards(sentence, model_id)`: the cards of a tiny model's folder with `sentence` as its example (and as
+    the example's translation), {kind: card}: ours (render_model_card) and those of its CTranslate2, Marian and ONNX
+    exports, written as each export writes its card but with no export, so that they take milliseconds."""
+    from hf_vanilla_transformer.tools import export_ctranslate2, export_marian, export_onnx
+
+    model = tiny_model(vocab_size=14)
+    generation = GenerationConfig(num_beams=3, length_penalty=1.0, max_length=24)
+    usages = {
+        "ctranslate2": export_ctranslate2.usage(generation, "int8"),
+        "marian": export_marian.usage(generation.to_dict(), 50),
+        "onnx": export_onnx.usage(50),
+    }
+
+    def write(sentence: str, model_id: str) -> dict[str, ModelCard]:
+        root = tmp_path_factory.mktemp("card")
+        (root / "ours").mkdir()
+        (root / "ours" / "attention.png").write_bytes(b"a picture")
+        results = {"test": {"bleu": 1.0, "chrf": 2.0}}
+        card = render_model_card(
+            model,
+            model_id=model_id,
+            source_lang="en",
+            target_lang="de",
+            results=results,
+            training={},
+            example_source=sentence,
+            example_translation=sentence,
+            attention_picture="attention.png",
+        )
+        card.save(root / "ours" / "README.md")
+        for kind, usage in usages.items():
+            (root / kind).mkdir()
+            write_export_card(str(root / "ours"), str(root / kind), model_id, kind, [kind], usage)
+            assert (root / kind / "attention.png").is_file()  # the picture found in the card, and copied
+        return {kind: ModelCard.load(root / kind / "README.md") for kind in ("ours", *usages)}
+
+    return write
+
+
+def code_blocks(text: str) -> list[tuple[str, str]]:
+    """A card's fenced code blocks, (language, code)."""
+    return re.findall(r"^```(\w+)\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
+
+
+def json_shape(text: str, names: dict[str, str]) -> str:
+    """`text` with each double-quoted string in JSON's syntax (JavaScript's too) whose value is one of `names`'
+    values in the place of its name."""
+
+    def named(literal: re.Match) -> str:
+        try:
+            value = json.loads(literal[0])
+        except json.JSONDecodeError:
+            return literal[0]
+        return next((name for name, named_value in names.items() if named_value == value), literal[0])
+
+    return re.sub(r'"(?:[^"\\]|\\.)*"', named, text)
+
+
+def python_shape(code: str, names: dict[str, str]) -> str:
+    """The syntax tree of `code`, each string constant equal to one of `names`' values in the place of its name,
+    and its comments (whose JSON strings show what the code prints) likewise."""
+    tree = ast.parse(code)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant):
+            node.value = next((name for name, value in names.items() if node.value == value), node.value)
+    tokens = tokenize.generate_tokens(io.StringIO(code).readline)
+    comments = [json_shape(token.string, names) for token in tokens if token.type == tokenize.COMMENT]
+    return "\n".join([ast.dump(tree), *comments])
+
+
+def shell_shape(code: str, names: dict[str, str]) -> str:
+    """The shell words of `code`, each equal to one of `names`' values in the place of its name."""
+    inverse = {value: name for name, value in names.items()}
+    return " ".join(inverse.get(word, repr(word)) for word in shlex.split(code, comments=True))
+
+
+SHAPES = {"python": python_shape, "bash": shell_shape, "js": json_shape, "bibtex": lambda code, names: code}
+
+
+@pytest.fixture(scope="module")
+def plain_cards(write_cards) -> dict[str, ModelCard]:
+    return write_cards(PLAIN["EXAMPLE"], PLAIN["MODEL"])
+
+
+@pytest.mark.parametrize("sentence", HOSTILE)
+def test_a_hostile_example_sentence_stays_one_string_in_every_cards_code(write_cards, plain_cards, sentence):
+    """Each card's code blocks are the code they are for a plain sentence and model id, token for token, with the
+    sentence and the model id as whole strings where those were: Python's syntax tree, the shell's words,
+    JavaScript's JSON strings. The widget (YAML) keeps the sentence, and the picture's description shows it."""
+    hostile = {"EXAMPLE": sentence, "MODEL": HOSTILE_MODEL_ID}
+    for kind, card in write_cards(sentence, HOSTILE_MODEL_ID).items():
+        assert card.data.to_dict()["widget"] == [{"text": sentence}], kind
+        blocks, plain_blocks = code_blocks(card.text), code_blocks(plain_cards[kind].text)
+        assert [language for language, _ in blocks] == [language for language, _ in plain_blocks], kind
+        shapes = [SHAPES[language](code, hostile) for language, code in blocks]
+        assert shapes == [SHAPES[language](code, PLAIN) for language, code in plain_blocks], kind
+        assert "EXAMPLE" in "".join(shapes) and "MODEL" in "".join(shapes), kind
+        (description,) = re.findall(r"!\[((?:[^\]\\\n]|\\.)*)\]\(attention\.png\)", card.text)
+        assert re.sub(r"\\(.)", r"\1", description) == f'Encoder–decoder attention for "{" ".join(sentence.split())}"'

@@ -4,9 +4,11 @@ The metadata (languages, license, tags, datasets, metrics and a `model-index` wi
 `ModelCardData`, so huggingface_hub writes the YAML the Hub expects.
 """
 
+import json
 import os
 import re
 import shutil
+import string
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,7 +42,7 @@ def render_model_card(
 
     `model_id` is what the card's code loads: a path that loads the folder from where its users start (a run's
     `output_dir` as given), or a Hub id; a push renames it to the repository (`card_for`). Its base name titles
-    the card.
+    the card. The template gets it, and the example and its translation, as `code_literal`s.
     `example_source` is the sentence the card's code examples translate, and `example_translation` what the model
     gave for it (written in the pipeline example's output comment). `attention_picture`, a path relative to the
     card (so that it shows on the Hub too), is the picture of the example's encoder-decoder attention.
@@ -80,7 +82,7 @@ def render_model_card(
         card_data,
         template_path=str(MODEL_CARD_TEMPLATE),
         model_name=os.path.basename(model_id.rstrip("/")),
-        model_id=model_id,
+        model_literal=code_literal(model_id),
         source_language=source_lang,
         target_language=target_lang,
         dataset_name=dataset_name,
@@ -103,9 +105,33 @@ def render_model_card(
             for split, s in results.items()
         ],
         signatures=signatures,
-        example_source=example_source.replace('"', '\\"'),
-        example_translation=example_translation.replace('"', '\\"'),
+        example_literal=code_literal(example_source),
+        translation_literal=code_literal(example_translation or "..."),
+        example_text=markdown_text(example_source),
         attention_picture=attention_picture,
+    )
+
+
+def code_literal(text: str) -> str:
+    """`text` as a string literal that means `text` in Python and in JavaScript alike, on one line. The cards' code
+    quotes a test set's sentence and a path: whatever they hold must stay one string, not end the literal (or the
+    code block around it) and run as code. A JSON string is valid in both languages (JavaScript's since ES2019) and
+    escapes quotes, backslashes and line ends; characters that do not print (U+2028, bidirectional controls) are
+    escaped too, so that the code reads as it runs. Other non-ASCII text stays as written: JSON's ASCII escapes
+    spell a character beyond U+FFFF as two UTF-16 halves, which JavaScript joins and Python does not (so the few
+    that do not print up there, such as the tag characters of flag emoji, stay as written too)."""
+    return "".join(
+        character if character.isprintable() or ord(character) > 0xFFFF else f"\\u{ord(character):04x}"
+        for character in json.dumps(text, ensure_ascii=False)
+    )
+
+
+def markdown_text(text: str) -> str:
+    """`text` as Markdown that shows it as written, on one line: its line breaks as spaces, and its ASCII
+    punctuation backslash-escaped (CommonMark allows it for any), so that it opens no link, code span, emphasis or
+    HTML, nor ends the picture description it is written in."""
+    return "".join(
+        f"\\{character}" if character in string.punctuation else character for character in " ".join(text.split())
     )
 
 
@@ -135,7 +161,8 @@ def write_export_card(
             shutil.copy(os.path.join(model_path, picture), folder)
 
 
-LOCAL_PICTURE = re.compile(r"!\[[^\]]*\]\((?![a-z]+:)([^)/]+)\)")  # ![...](name.png), in the card's folder
+# ![description](name.png), in the card's folder; the description may hold escaped brackets (markdown_text)
+LOCAL_PICTURE = re.compile(r"!\[(?:[^\]\\]|\\.)*\]\((?![a-z]+:)([^)/]+)\)")
 
 
 def replace_section(text: str, title: str, section: str) -> str:

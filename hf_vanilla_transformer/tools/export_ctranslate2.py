@@ -20,6 +20,7 @@ extra: `pip install -e ".[fast]"` (without it the command says so in one line, b
 """
 
 import os
+import shlex
 import shutil
 from collections.abc import Callable
 
@@ -76,6 +77,8 @@ def write_card(model_path: str, folder: str, quantization: str, model_id: str) -
 def usage(generation, quantization: str) -> Callable[[str, str], str]:
     """The card's "How to use" for a CTranslate2 export in `quantization` decoding as `generation` (its
     `GenerationConfig`) says."""
+    from hf_vanilla_transformer.tools.card import code_literal  # here, as in write_card
+
     beams = generation.num_beams or 1
     penalty = 1.0 if generation.length_penalty is None else generation.length_penalty
     margin = source_length_margin(generation)
@@ -84,6 +87,7 @@ def usage(generation, quantization: str) -> Callable[[str, str], str]:
     decoding_length = f"min(len(source) + {margin}, {positions})" if margin is not None else str(positions)
 
     def section(model_id: str, example: str) -> str:
+        model_literal, example_literal = code_literal(model_id), code_literal(example)
         return f"""## How to use
 
 This folder is the model above converted for [CTranslate2](https://github.com/OpenNMT/CTranslate2), with weights
@@ -91,7 +95,7 @@ in {quantization} (`vanilla-export-ctranslate2 --quantization {quantization}`); 
 hf-vanilla-transformer installed (its `[fast]` extra), translate a file, one sentence a line:
 
 ```bash
-vanilla-translate --model {model_id} --input sentences.txt --output translations.txt
+vanilla-translate --model {shlex.quote(model_id)} --input sentences.txt --output translations.txt
 ```
 
 or call CTranslate2 on the tokens of the tokenizer stored here:
@@ -100,9 +104,9 @@ or call CTranslate2 on the tokens of the tokenizer stored here:
 import ctranslate2
 from transformers import PreTrainedTokenizerFast
 
-tokenizer = PreTrainedTokenizerFast.from_pretrained("{model_id}")
-translator = ctranslate2.Translator("{model_id}")
-source = tokenizer.convert_ids_to_tokens(tokenizer("{example}")["input_ids"])
+tokenizer = PreTrainedTokenizerFast.from_pretrained({model_literal})
+translator = ctranslate2.Translator({model_literal})
+source = tokenizer.convert_ids_to_tokens(tokenizer({example_literal})["input_ids"])
 result = translator.translate_batch(
     [source], beam_size={beams}, length_penalty={penalty}, max_decoding_length={decoding_length}
 )

@@ -31,7 +31,7 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.loading import ModelFolderError, load_model_and_tokenizer
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT, source_length_margin
-from hf_vanilla_transformer.tools.card import write_export_card
+from hf_vanilla_transformer.tools.card import code_literal, write_export_card
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # Marian's nn.LayerNorm(d_model), PyTorch's default
 
@@ -187,6 +187,7 @@ def usage(generation: dict, margin: int | None) -> Callable[[str, str], str]:
     exported from a model whose sentences ended by their source length + `margin` tokens (None: no such limit)."""
 
     def section(model_id: str, example: str) -> str:
+        model_literal, example_literal = code_literal(model_id), code_literal(example)
         limit = (
             f"\n\nThe source model also ends each sentence by its source length + {margin} tokens (Section 6.1). "
             "Marian has no such rule, so a translation that does not end by itself runs on to `max_length` here "
@@ -202,9 +203,9 @@ transformers, runs no code from the repository, and needs no `trust_remote_code`
 ```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained("{model_id}")
-model = AutoModelForSeq2SeqLM.from_pretrained("{model_id}")  # a MarianMTModel
-batch = tokenizer(["{example}"], return_tensors="pt", padding=True)
+tokenizer = AutoTokenizer.from_pretrained({model_literal})
+model = AutoModelForSeq2SeqLM.from_pretrained({model_literal})  # a MarianMTModel
+batch = tokenizer([{example_literal}], return_tensors="pt", padding=True)
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 

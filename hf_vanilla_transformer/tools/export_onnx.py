@@ -37,7 +37,7 @@ from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig
 from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import CACHE_NAME, source_length_margin
-from hf_vanilla_transformer.tools.card import write_export_card
+from hf_vanilla_transformer.tools.card import code_literal, write_export_card
 from hf_vanilla_transformer.tools.export_marian import load_ours, marian_model
 
 ONNX_FOLDER = "onnx"
@@ -280,6 +280,7 @@ def usage(margin: int | None) -> Callable[[str, str], str]:
     `margin` tokens (None: no such limit)."""
 
     def section(model_id: str, example: str) -> str:
+        model_literal, example_literal = code_literal(model_id), code_literal(example)
         limit = (
             f"The source model ends each sentence by its source length + {margin} tokens, `</s>` included (Section "
             "6.1); pass one fewer as `max_new_tokens`, as above, sentence by sentence."
@@ -295,9 +296,9 @@ This folder is the model above in ONNX (`vanilla-export-onnx`), laid out for
 ```js
 import {{ AutoTokenizer, AutoModelForSeq2SeqLM }} from "@huggingface/transformers";
 
-const tokenizer = await AutoTokenizer.from_pretrained("{model_id}");
-const model = await AutoModelForSeq2SeqLM.from_pretrained("{model_id}", {{ dtype: "fp32" }});
-const inputs = tokenizer("{example}");
+const tokenizer = await AutoTokenizer.from_pretrained({model_literal});
+const model = await AutoModelForSeq2SeqLM.from_pretrained({model_literal}, {{ dtype: "fp32" }});
+const inputs = tokenizer({example_literal});
 const output = await model.generate({{ ...inputs, max_new_tokens: inputs.input_ids.dims[1] + {(margin or 50) - 1} }});
 console.log(tokenizer.decode(output[0], {{ skip_special_tokens: true }}));
 ```
@@ -305,7 +306,7 @@ console.log(tokenizer.decode(output[0], {{ skip_special_tokens: true }}));
 **Greedy decoding only**: transformers.js has no beam search, so translations here are greedy where the source
 model's own `generate()` uses the paper's beam search (beam 4, length penalty 0.6) — usually a little lower BLEU.
 {limit} In Python, ONNX Runtime decodes the same way with hf-vanilla-transformer's
-`hf_vanilla_transformer.tools.onnx_runtime.OnnxTranslator("{model_id}").translate(sentences, batch_size=32)`.
+`hf_vanilla_transformer.tools.onnx_runtime.OnnxTranslator({model_literal}).translate(sentences, batch_size=32)`.
 """
 
     return section
