@@ -305,3 +305,17 @@ def test_a_hostile_example_sentence_stays_one_string_in_every_cards_code(write_c
         assert "EXAMPLE" in "".join(shapes) and "MODEL" in "".join(shapes), kind
         (description,) = re.findall(r"!\[((?:[^\]\\\n]|\\.)*)\]\(attention\.png\)", card.text)
         assert re.sub(r"\\(.)", r"\1", description) == f'Encoder–decoder attention for "{" ".join(sentence.split())}"'
+
+
+def test_a_push_renames_a_model_path_of_any_characters_in_every_cards_code(write_cards, plain_cards, tmp_path):
+    """card_for finds the path where the card writers put it (a code literal, a shell word) and names the
+    repository there instead."""
+    from hf_vanilla_transformer.tools.hub import card_for
+
+    pushed_names = {"EXAMPLE": EXAMPLE, "MODEL": "someone/tiny-en-de"}
+    for kind, card in write_cards(EXAMPLE, HOSTILE_MODEL_ID).items():
+        card.save(tmp_path / "README.md")
+        pushed = ModelCard(card_for(tmp_path / "README.md", "someone/tiny-en-de").decode())
+        shapes = [SHAPES[language](code, pushed_names) for language, code in code_blocks(pushed.text)]
+        assert shapes == [SHAPES[language](code, PLAIN) for language, code in code_blocks(plain_cards[kind].text)]
+        assert HOSTILE_MODEL_ID not in pushed.text, kind

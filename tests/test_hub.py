@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
+from hf_vanilla_transformer.tools.card import markdown_text
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
 from hf_vanilla_transformer.training.run import training_table
 from support.files import write_lines
@@ -71,7 +72,7 @@ def test_run_translation_pushes_one_complete_folder(trained_run):
         "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
         "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "pipeline_translation.py",
         "README.md", "all_results.json", "train_results.json", "eval_results.json", "predict_results.json",
-        "generated_predictions.txt", "trainer_state.json", "attention.png", "run_record.json",
+        "generated_predictions.txt", "attention.png", "run_record.json",
     }  # fmt: skip
     config = json.loads(files["config.json"])
     assert config["auto_map"]["AutoModelForSeq2SeqLM"].endswith("VanillaTransformerForConditionalGeneration")
@@ -123,8 +124,8 @@ def test_the_card_shows_the_attention_of_its_example(trained_run, model_and_toke
     from matplotlib.image import imread
 
     card = ModelCard.load(trained_run.output / "README.md").text
-    example = card.split('tokenizer(["', 1)[1].split('"]', 1)[0]
-    assert f'![Encoder–decoder attention for "{example}"](attention.png)' in card  # relative: renders on the Hub
+    example, _ = json.JSONDecoder().raw_decode(card.split("tokenizer([", 1)[1])  # the code's literal
+    assert f'![Encoder–decoder attention for "{markdown_text(example)}"](attention.png)' in card  # renders on the Hub
     picture = imread(trained_run.output / "attention.png")
     assert picture.ndim == 3 and picture.shape[0] > 100 and picture.shape[1] > 100
     _, files = trained_run.commits[0]
@@ -190,10 +191,46 @@ def test_push_to_hub_without_a_login_or_a_hub_stops_before_training(tmp_path, no
     assert not output.exists()
 
 
+# What a finished folder holds besides its model files, none of which a push may upload: the Trainer's arguments (a
+# pickle holding --hub_token) and state, a checkpoint, the optimizer and RNG states of a rotation a kill cut short,
+# hidden files and folders (a git clone's among them), TensorBoard's events, an interrupted write's temporary files,
+# a file beside the ONNX graphs that is not one, and a picture that is hidden
+NOT_THE_MODEL = {
+    "training_args.bin": b"hub_token=hf_secret",
+    "trainer_state.json": b"{}",
+    "checkpoint-5/optimizer.pt": b"optimizer",
+    ".deleting-checkpoint-3/optimizer.pt": b"optimizer",
+    ".deleting-checkpoint-3/rng_state.pth": b"rng",
+    ".hidden/secret": b"secret",
+    ".env": b"HF_TOKEN=hf_secret",
+    ".git/config": b"[core]",
+    "runs/Dec03_11-02-00/events.out.tfevents.1": b"events",
+    "x.partial": b"half",
+    ".config.json.k2j4.partial": b"half",
+    ".preview.png": b"picture",
+    "onnx/notes.txt": b"notes",
+}
+
+# The model files each finished folder holds: what the save or the export wrote, and in ours what a run adds
+# (results, record, predictions, the card's picture) and an ONNX graph, the one folder the allow-list reaches into
+MODEL_FILES = {
+    "ours": {
+        "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+        "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "pipeline_translation.py",
+        "README.md", "all_results.json", "eval_results.json", "run_record.json", "generated_predictions.txt",
+        "attention.png", "onnx/encoder_model.onnx",
+    },
+    "marian": {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+               "tokenizer_config.json", "README.md"},
+    "ctranslate2": {"model.bin", "shared_vocabulary.json", "config.json", "generation_config.json",
+                    "tokenizer.json", "tokenizer_config.json", "README.md"},
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def finished_folders(tmp_path_factory) -> dict[str, Path]:
-    """A tiny model folder of ours with checkpoints, trainer state and a card, and its Marian and CTranslate2
-    exports."""
+    """A tiny model folder of ours with a card and what a run adds, and its Marian and CTranslate2 exports, each
+    with NOT_THE_MODEL beside its model files and a link named as a model file (vocab.json) to a file outside it."""
     from hf_vanilla_transformer.tools.card import render_model_card
     from hf_vanilla_transformer.tools.export_ctranslate2 import export as export_ctranslate2
     from hf_vanilla_transformer.tools.export_marian import export as export_marian
@@ -204,20 +241,34 @@ def finished_folders(tmp_path_factory) -> dict[str, Path]:
     model.save_pretrained(ours)
     model.save_pretrained(ours / "checkpoint-5")
     letter_tokenizer().save_pretrained(ours)
-    (ours / "training_args.bin").write_bytes(b"not uploaded")
     results = {"test": {"bleu": 1.0, "chrf": 2.0}}
     card = render_model_card(model, model_id=str(ours), source_lang="en", target_lang="de", results=results,
                              training={}, example_source="a b")  # fmt: skip
     card.save(ours / "README.md")
-    return {
+    for name in ("all_results.json", "eval_results.json", "run_record.json"):
+        (ours / name).write_text(json.dumps(results))
+    (ours / "generated_predictions.txt").write_text("a b\n")
+    (ours / "attention.png").write_bytes(b"\x89PNG")
+    (ours / "onnx").mkdir()
+    (ours / "onnx" / "encoder_model.onnx").write_bytes(b"graph")
+    folders = {
         "ours": ours,
         "marian": Path(export_marian(str(ours), str(root / "tiny-marian"))),
         "ctranslate2": Path(export_ctranslate2(str(ours), str(root / "tiny-ct2"))),
     }
+    (root / "outside.txt").write_bytes(b"a file of the user's, outside the folder")
+    for folder in folders.values():
+        for name, content in NOT_THE_MODEL.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(content)
+        (folder / "vocab.json").symlink_to(root / "outside.txt")
+    return folders
 
 
 @pytest.mark.parametrize("kind", ["ours", "marian", "ctranslate2"])
-def test_vanilla_push_to_hub_uploads_a_finished_folder_in_one_commit(finished_folders, kind, capsys):
+def test_vanilla_push_to_hub_uploads_the_model_files_alone_in_one_commit(finished_folders, kind, capsys):
+    """The commit, as huggingface_hub sends it, holds the model files and nothing else of the folder; a `.git/`
+    folder in it (which huggingface_hub refuses to upload) is left out instead of failing the push."""
     from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
 
     folder = finished_folders[kind]
@@ -226,15 +277,63 @@ def test_vanilla_push_to_hub_uploads_a_finished_folder_in_one_commit(finished_fo
         push_to_hub_main(["--model", str(folder), "--repo_id", "someone/tiny"])
     assert capsys.readouterr().out == f"Uploaded {folder} to https://huggingface.co/someone/tiny/commit/{'0' * 40}\n"
     ((repo_id, files),) = commits
-    expected = {path.name for path in folder.iterdir() if path.is_file()} - {"training_args.bin"}
-    assert repo_id == "someone/tiny" and set(files) == expected  # no checkpoint, no trainer arguments
-    for name in expected - {"README.md"}:
+    assert repo_id == "someone/tiny" and set(files) == MODEL_FILES[kind]
+    for name in MODEL_FILES[kind] - {"README.md"}:
         assert files[name] == (folder / name).read_bytes()
     card = ModelCard(files["README.md"].decode())
     assert card.data.model_name == "someone/tiny"
     local_name = ModelCard.load(folder / "README.md").data.model_name
     code = card.text.split("## How to use", 1)[1]
     assert '"someone/tiny"' in code and f'"{local_name}"' not in code  # the card's code loads the repository
+
+
+def test_vanilla_push_to_hub_dry_run_lists_the_upload_and_contacts_nothing(finished_folders, capsys):
+    from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
+
+    folder = finished_folders["ours"]
+    commits, requests = [], []
+    with intercepted_hub(commits, requests):
+        push_to_hub_main(["--model", str(folder), "--repo_id", "someone/tiny", "--dry_run"])
+    assert commits == requests == []  # not even the login check
+    first, *listed, last = capsys.readouterr().out.splitlines()
+    assert first == f"Would upload {len(MODEL_FILES['ours'])} files of {folder} to someone/tiny:"
+    assert [line.strip() for line in listed] == sorted(MODEL_FILES["ours"])
+    files, checkpoint = (
+        sum(1 for path in where.rglob("*") if not path.is_dir()) for where in (folder, folder / "checkpoint-5")
+    )
+    assert last == (
+        f"Left out {files - len(MODEL_FILES['ours'])} files: .config.json.k2j4.partial, .deleting-checkpoint-3/ (2), "
+        f".env, .git/ (1), .hidden/ (1), .preview.png, checkpoint-5/ ({checkpoint}), onnx/ (1), runs/ (1), "
+        "trainer_state.json, training_args.bin, vocab.json, x.partial"
+    )
+
+
+def test_vanilla_push_to_hub_refuses_a_token_flag_in_one_line(finished_folders, capsys):
+    """A token on the command line shows in `ps` and in the shell's history: HF_TOKEN or the saved login instead."""
+    from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
+
+    commits, requests = [], []
+    for flags in (["--token", "hf_secret"], ["--token=hf_secret"], ["--token"]):
+        with intercepted_hub(commits, requests), pytest.raises(SystemExit) as exit_info:
+            push_to_hub_main(["--model", str(finished_folders["marian"]), "--repo_id", "someone/tiny", *flags])
+        assert exit_info.value.code == 2 and capsys.readouterr().err == (
+            "vanilla-push-to-hub: error: argument --token: a token on the command line shows in `ps` and the "
+            "shell's history; set HF_TOKEN or log in with `hf auth login` (see --help)\n"
+        )
+    assert commits == requests == []
+
+
+def test_vanilla_push_to_hub_sends_the_token_of_hf_token(finished_folders, no_login, monkeypatch, capsys):
+    from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
+
+    monkeypatch.setenv("HF_TOKEN", "hf_from_the_environment")
+    commits, requests = [], []
+    with intercepted_hub(commits, requests):
+        push_to_hub_main(["--model", str(finished_folders["marian"]), "--repo_id", "someone/tiny"])
+    assert len(commits) == 1
+    paths = [request.url.path for request in requests]
+    assert paths[:2] == ["/api/whoami-v2", "/api/repos/create"] and paths[-1] == "/api/models/someone/tiny/commit/main"
+    assert {request.headers["authorization"] for request in requests} == {"Bearer hf_from_the_environment"}
 
 
 def test_vanilla_push_to_hub_without_a_login_or_a_folder_is_one_line(finished_folders, tmp_path, no_login):

@@ -1,5 +1,6 @@
 """vanilla-push-to-hub: a finished model folder, ours or an export, uploaded to the Hub in one commit (tools/hub.py)."""
 
+import argparse
 import os
 import sys
 
@@ -7,28 +8,52 @@ from hf_vanilla_transformer.cli.flags import CommandParser, hub_repo_id
 from hf_vanilla_transformer.errors import one_line
 
 
+class RefuseToken(argparse.Action):
+    """--token, refused: a token on the command line shows in `ps` and the shell's history."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        why = "a token on the command line shows in `ps` and the shell's history"
+        raise argparse.ArgumentError(self, f"{why}; set HF_TOKEN or log in with `hf auth login`")
+
+
 def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
-    from hf_vanilla_transformer.tools.hub import check_hub_login, push_model_folder
+    from hf_vanilla_transformer.tools.hub import check_hub_login, model_files, paths_in_brief, push_model_folder
 
     parser = CommandParser(
         prog="vanilla-push-to-hub",
-        description="Upload a finished model folder (from run_translation.py, vanilla-export-ctranslate2 or "
-        "vanilla-export-marian) to a Hugging Face Hub repository in one commit, checkpoints and trainer state left "
-        "out; the card's code then names the repository.",
+        description="Upload the model files of a finished folder (from run_translation.py or one of the exports) to "
+        "a Hugging Face Hub repository in one commit: weights, configs, tokenizer, code, card, pictures and results; "
+        "checkpoints, the trainer's state and arguments, hidden files and anything else stay local. The card's code "
+        "then names the repository. The token is HF_TOKEN's, or the login of `hf auth login`.",
     )
     parser.add_argument("--model", required=True, help="The model folder to upload.")
     parser.add_argument(
         "--repo_id", type=hub_repo_id, required=True, help="The repository, for example your-name/multi30k-en-de."
     )
     parser.add_argument("--private", action="store_true", help="Create the repository private.")
-    parser.add_argument("--token", default=None, help="A Hub token (default: the saved login, `hf auth login`).")
+    parser.add_argument(
+        "--dry_run",
+        action="store_true",
+        help="List the files a push would upload and those it leaves out; contact nothing.",
+    )
+    parser.add_argument("--token", action=RefuseToken)
     args = parser.parse_args(argv)
     try:
         if not os.path.isfile(os.path.join(args.model, "config.json")):
             raise ValueError(f"{args.model}: not a model folder (no config.json)")
-        check_hub_login(args.token)
-        url = push_model_folder(args.model, args.repo_id, token=args.token, private=args.private or None)
+        if args.dry_run:
+            uploaded, left_out = model_files(args.model)
+            print(f"Would upload {len(uploaded)} files of {args.model} to {args.repo_id}:")
+            print("".join(f"  {path}\n" for path in uploaded), end="")
+            if left_out:
+                print(f"Left out {len(left_out)} files: {paths_in_brief(left_out)}")
+            return
+        check_hub_login()
+        url = push_model_folder(args.model, args.repo_id, private=args.private or None)
     except (OSError, ValueError) as error:
         sys.exit(f"{parser.prog}: error: {one_line(error)}")
     print(f"Uploaded {args.model} to {url}")

@@ -1,43 +1,109 @@
 """The Hub: checking a login and pushing a finished model folder, ours or an export, in one commit."""
 
+import shlex
+from collections import Counter
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
-from huggingface_hub.utils import filter_repo_objects
 
 from hf_vanilla_transformer.errors import one_line
+from hf_vanilla_transformer.tools.card import code_literal
 
-# What run_translation.py's output folder holds that is not part of the model: the Trainer's own state.
-NOT_UPLOADED = ["checkpoint-*", "checkpoint-*/**", "runs/**", "training_args.bin", "*.partial"]
+# What a model folder is, ours (run_translation.py) or an export of it: the only files a push uploads. A pattern
+# matches at its own depth, a top-level name or one under onnx/ (huggingface_hub's allow_patterns let "*" cross a
+# "/": "*.safetensors" would take checkpoint-5/model.safetensors). Everything else stays local: the Trainer's state
+# (training_args.bin, a pickle that holds --hub_token; trainer_state.json; checkpoint-N/ with its optimizer and RNG
+# states, and the .deleting-checkpoint-N/ a killed rotation leaves), TensorBoard's runs/, hidden files (.env, .git/)
+# and an interrupted write's temporary files (.NAME.XXXX.partial).
+UPLOADED = (
+    # the weights: ours and the Marian export's (sharded, with an index, when large), CTranslate2's
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "model.bin",
+    # the model's and the generation's configs
+    "config.json",
+    "generation_config.json",
+    # the tokenizer: ours (tokenizers' file), Marian's own (two SentencePiece models and a vocabulary), and
+    # CTranslate2's vocabularies (shared_, or source_ and target_; JSON, or text in older releases)
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "*.spm",
+    "vocab.json",
+    "*_vocabulary.json",
+    "*_vocabulary.txt",
+    # the code the config names for trust_remote_code (auto_map, custom_pipelines)
+    "configuration_*.py",
+    "modeling_*.py",
+    "pipeline_*.py",
+    # the card, and the pictures a card shows (attention.png)
+    "README.md",
+    "*.png",
+    "*.jpg",
+    "*.jpeg",
+    "*.svg",
+    # the results: the scores, the record the card is written from, the test set's translations
+    "*_results.json",
+    "run_record.json",
+    "generated_predictions.txt",
+    # the ONNX export's graphs in transformers.js's layout, and beside one over 2 GB its weights
+    "onnx/*.onnx",
+    "onnx/*.onnx_data",
+)
 
 
 def check_hub_login(token: str | None = None) -> str:
-    """The Hub user that `token` (or the saved login) is, or a one-line ValueError: before a run trains for hours
-    and then fails to upload, or before a push starts."""
+    """The Hub user that `token` (or HF_TOKEN, or the saved login) is, or a one-line ValueError: before a run
+    trains for hours and then fails to upload, or before a push starts."""
     try:
         return HfApi(token=token).whoami()["name"]
     # whoami makes one request and nothing else: whatever fails (no token and offline mode are OSErrors, a refused
     # token or an unreachable Hub come from huggingface_hub's HTTP library, httpx or httpx2 by version) means no push
     except Exception as error:
         raise ValueError(
-            f"cannot push to the Hugging Face Hub ({one_line(error)}); log in with `hf auth login` or give a token, "
+            f"cannot push to the Hugging Face Hub ({one_line(error)}); log in with `hf auth login` or set HF_TOKEN, "
             "or push the finished folder later with vanilla-push-to-hub"
         ) from None
+
+
+def model_files(folder: str) -> tuple[list[str], list[str]]:
+    """The files under `folder` that a push uploads (UPLOADED) and those it leaves out, as sorted paths relative to
+    it. A link is uploaded as the file it leads to, and left out where that file is outside the folder."""
+    root = Path(folder).resolve()
+    uploaded, left_out = [], []
+    for path in sorted(root.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            continue
+        name = path.relative_to(root).as_posix()
+        is_model_file = (
+            any(name.count("/") == pattern.count("/") and fnmatchcase(name, pattern) for pattern in UPLOADED)
+            and not any(part.startswith(".") for part in name.split("/"))
+            and path.is_file()
+            and path.resolve().is_relative_to(root)
+        )
+        (uploaded if is_model_file else left_out).append(name)
+    return uploaded, left_out
+
+
+def paths_in_brief(paths: list[str]) -> str:
+    """`paths` on one line, the files of a folder as the folder and their count: `checkpoint-5/ (9), .env`."""
+    entries = Counter(path.split("/")[0] + ("/" if "/" in path else "") for path in paths)
+    return ", ".join(f"{entry} ({count})" if entry.endswith("/") else entry for entry, count in entries.items())
 
 
 def push_model_folder(
     folder: str, repo_id: str, token: str | None = None, private: bool | None = None, commit_message: str = ""
 ) -> str:
-    """Upload a finished model folder (ours, or an export of it: weights, config, code, tokenizer, card, results)
-    as one commit. The card's code names the model by the card's `model_name` (a local path until now): in the
-    upload it names `repo_id`."""
+    """Upload the model files of a finished folder (`model_files`: ours, or an export of it) as one commit. The
+    card's code names the model by the card's `model_name` (a local path until now): in the upload it names
+    `repo_id`. `token` defaults to HF_TOKEN or the saved login."""
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     root = Path(folder)
-    paths = sorted(path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file())
     operations = [
         CommitOperationAdd(path_in_repo=path, path_or_fileobj=card_for(root / path, repo_id) or str(root / path))
-        for path in filter_repo_objects(paths, ignore_patterns=NOT_UPLOADED)
+        for path in model_files(folder)[0]
     ]
     commit = api.create_commit(
         repo_id, operations, commit_message=commit_message or "Upload model trained with hf-vanilla-transformer"
@@ -52,6 +118,8 @@ def card_for(path: Path, repo_id: str) -> bytes | None:
     card = ModelCard.load(path)
     old_id = card.data.model_name
     if old_id and old_id != repo_id:
-        card.text = card.text.replace(f'"{old_id}"', f'"{repo_id}"').replace(f"--model {old_id}", f"--model {repo_id}")
+        # the cards write an id as a code literal, and as a shell word (card.py): the same forms are looked for
+        card.text = card.text.replace(code_literal(old_id), code_literal(repo_id))
+        card.text = card.text.replace(f"--model {shlex.quote(old_id)}", f"--model {shlex.quote(repo_id)}")
         card.data.model_name = repo_id  # also the model-index's name
     return str(card).encode("utf-8")
