@@ -57,10 +57,14 @@ def demo_figures(model: str, requests: int) -> dict:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    # every request queued at once, as --requests are sent: more than the demo's default queue takes
+    command = [sys.executable, os.path.join(REPO_ROOT, "demo", "app.py"), "--model", model, "--port", str(port)]
     server = subprocess.Popen(
-        [sys.executable, os.path.join(REPO_ROOT, "demo", "app.py"), "--model", model, "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"},
-    )  # fmt: skip
+        [*command, "--queue_size", str(requests)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"},
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         for _ in range(240):

@@ -1,12 +1,20 @@
 """demo/app.py as people use it: served on a loopback port, driven in a real headless Chromium, called through
-gradio_client, and published as a Space."""
+gradio_client, and published as a Space (the slow tier, on a trained run); and against a visitor who would hold it
+up or fill its disk (the quick tier, its page on a tiny model served in this process): a text too long is refused
+before it is tokenized, a full queue refuses more requests, and the pictures do not stay on disk."""
 
 import hashlib
+import importlib.util
 import json
 import random
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 from matplotlib.image import imread
@@ -14,13 +22,160 @@ from matplotlib.image import imread
 from hf_vanilla_transformer.tools.visualize import STEP_COLUMNS, WINNER
 from hf_vanilla_transformer.training.data import read_translation_file
 from support.browser import headless_chromium, served_demo
-from support.models import SENTENCES, generate_text
+from support.models import SENTENCES, generate_text, letter_tokenizer, tiny_model
 from support.paths import DEMO_APP, MULTI30K, REPO_ROOT
 from support.processes import free_port
 
-pytestmark = pytest.mark.slow  # a Gradio server on a trained run, Chromium
-
 START_TIMEOUT, PAGE_TIMEOUT = 120, 90
+# the tiny demo: its model's positions, the requests its queue holds, and a sentence its tokenizer holds on
+POSITIONS, QUEUE_SIZE, HOLD = 24, 2, "j j j"
+
+
+def load_app():
+    """demo/app.py as a module (the folder is no package)."""
+    spec = importlib.util.spec_from_file_location("demo_app", DEMO_APP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class WatchedTokenizer:
+    """A tokenizer that records the length of every text it is called on, and holds a call on HOLD until `release`
+    is set (`holding` says one came), so that a test decides when the demo's one running request ends."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.lengths: list[int] = []
+        self.holding, self.release = threading.Event(), threading.Event()
+
+    def __call__(self, text, *args, **kwargs):
+        self.lengths.append(len(text))
+        if text == HOLD:
+            self.holding.set()
+            self.release.wait(120)
+        return self.tokenizer(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+@pytest.fixture(scope="module")
+def app():
+    """demo/app.py as a module."""
+    return load_app()
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(app, tmp_path_factory):
+    """demo/app.py's page for a tiny model and a WatchedTokenizer, served in this process on a free loopback port,
+    with a queue of QUEUE_SIZE and its pictures deleted once a second old, checked every second. Gradio's folder
+    (GRADIO_TEMP_DIR) and the temporary folder are in `written`. Yields the URL, the tokenizer and `written`."""
+    written = tmp_path_factory.mktemp("written")
+    (written / "tmp").mkdir()
+    letters = letter_tokenizer()
+    tokenizer = WatchedTokenizer(letters)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GRADIO_TEMP_DIR", str(written / "gradio"))
+        patch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
+        patch.setattr(tempfile, "tempdir", str(written / "tmp"))
+        model = tiny_model(vocab_size=len(letters), max_position_embeddings=POSITIONS)
+        demo = app.translation_page(model, tokenizer, "tiny", queue_size=QUEUE_SIZE, delete_cache=(1, 1))
+        port = free_port()
+        app.launch(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
+        try:
+            yield f"http://127.0.0.1:{port}/", tokenizer, written
+        finally:
+            demo.close()
+
+
+def client_of(url: str):
+    """A gradio_client Client that leaves the pictures on the server (their paths, not copies)."""
+    from gradio_client import Client
+
+    return Client(url, verbose=False, download_files=False)
+
+
+def files_in(folder: Path) -> list[Path]:
+    """The files in `folder` and its subfolders."""
+    return sorted(path for path in folder.rglob("*") if not path.is_dir())
+
+
+def wait_for(condition, timeout: float = 60) -> bool:
+    """Whether `condition()` came true within `timeout` seconds (a bound on a hang, not a measure of speed)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_text_over_the_character_limit_is_refused_before_it_is_tokenized(app, tiny_demo):
+    """10 MB of text once took 12.4 s and 1.9 GB to tokenize before the token count refused it, every other request
+    waiting: it is refused by its length in characters, the tokenizer never called on it."""
+    from gradio_client.exceptions import AppError
+
+    url, tokenizer, _ = tiny_demo
+    client, limit = client_of(url), app.CHARACTERS_PER_POSITION * POSITIONS
+    tokenizer.lengths.clear()
+    for text in ["a " * 5_000_000, "a" * (limit + 1)]:
+        with pytest.raises(AppError) as refusal:
+            client.predict(text, api_name="/translate")
+        assert str(refusal.value) == (
+            f"source: {len(text):,} characters, more than the {limit:,} this demo reads "
+            f"({app.CHARACTERS_PER_POSITION} for each of the model's {POSITIONS} positions)"
+        )
+    assert tokenizer.lengths == []
+    # a text at the limit is read: one word here, two tokens with </s>, translated (tokenized twice: the attention
+    # maps and the beam search's steps)
+    steps = client.predict("a" * limit, api_name="/translate")[2]
+    assert tokenizer.lengths == [limit, limit] and steps["data"]
+
+
+def test_a_full_queue_refuses_more_requests(tiny_demo):
+    """One request runs (held in the tokenizer), QUEUE_SIZE wait; one more is refused with gradio's queue-full
+    error, and the others are all answered."""
+    from gradio_client.utils import QueueError, Status
+
+    url, tokenizer, _ = tiny_demo
+    client = client_of(url)
+    tokenizer.release.clear()
+    running = client.submit(HOLD, api_name="/translate")
+    try:
+        assert tokenizer.holding.wait(60), "the first request did not start"
+        waiting = []
+        for _ in range(QUEUE_SIZE):
+            waiting.append(client.submit("a b", api_name="/translate"))
+            assert wait_for(lambda: waiting[-1].status().code == Status.IN_QUEUE), waiting[-1].status()
+        with pytest.raises(QueueError, match="Queue is full"):
+            client.submit("a b", api_name="/translate").result(timeout=60)
+    finally:
+        tokenizer.release.set()
+    answers = [job.result(timeout=120) for job in [running, *waiting]]
+    assert all(steps["data"] for _, _, steps in answers)
+
+
+def test_a_queue_of_no_request_is_refused(app, capsys):
+    with pytest.raises(SystemExit) as exit_status:
+        app.main(["--model", "unused", "--queue_size", "0"])
+    assert exit_status.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("error: --queue_size 0 must be at least 1")
+
+
+def test_requests_leave_no_picture_on_disk(tiny_demo):
+    """Each picture is one file, gradio's, in its cache (GRADIO_TEMP_DIR), deleted once older than the cache's age:
+    however many requests came, none is left a few seconds on; the demo writes no file of its own. Nor does an upload
+    over the demo's limit (the page takes none; gradio's route takes any) get written."""
+    url, _, written = tiny_demo
+    client = client_of(url)
+    sentences = ["a", "a b", "a b c", "b c d e"]
+    pictures = [Path(client.predict(sentence, api_name="/translate")[1]["path"]) for sentence in sentences]
+    assert len(set(pictures)) == len(sentences)  # a file each, where it is watched
+    assert all(picture.is_relative_to(written / "gradio") for picture in pictures)
+    upload = httpx.post(f"{url}gradio_api/upload", files={"files": ("big.bin", b"0" * 2048)}, timeout=60)
+    assert upload.status_code == 413, upload.text
+    wait_for(lambda: not files_in(written), timeout=30)
+    assert files_in(written) == []
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +257,20 @@ def answer(result) -> tuple:
         return translation, hashlib.sha256(file.read()).hexdigest(), steps["data"]
 
 
+def test_the_served_demo_refuses_a_text_too_long_at_once(app, demo_url, trained_run):
+    """The demo as served, on the trained run: 10 MB of text is refused by its characters, with the limit named
+    (before, it was tokenized first: 12.4 s and 1.9 GB, then refused by its token count)."""
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+    from transformers import AutoConfig
+
+    positions = AutoConfig.from_pretrained(trained_run.output).max_position_embeddings
+    limit = app.CHARACTERS_PER_POSITION * positions
+    with pytest.raises(AppError, match=f"source: 10,000,000 characters, more than the {limit:,} this demo reads"):
+        Client(demo_url, verbose=False).predict("a " * 5_000_000, api_name="/translate")
+
+
+@pytest.mark.slow  # a Gradio server starting
 def test_a_missing_model_is_one_clear_line(tmp_path):
     missing = tmp_path / "no-model"
     result = subprocess.run(
@@ -111,6 +280,7 @@ def test_a_missing_model_is_one_clear_line(tmp_path):
     assert str(missing) in result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_the_demo_folder_is_a_gradio_space():
     import gradio
 

@@ -3,31 +3,98 @@
 
     python demo/web/serve.py --model runs/multi30k-small-onnx      # then open http://127.0.0.1:8000/
 
-The standard library's http.server, bound to 127.0.0.1: a page to look at, not a server to deploy.
+The standard library's http.server, bound to 127.0.0.1: a page to look at, not a server to deploy. It serves only
+the files the page loads (PAGE_FILES, LIBRARY_FILES, MODEL_FILES), each only where it lies inside its folder once
+symbolic links are followed; anything else, a folder included, is a 404, and every request one log line.
 """
 
 import argparse
 import contextlib
 import functools
 import os
+import urllib.parse
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 PAGE_FOLDER = os.path.dirname(os.path.abspath(__file__))
 MODEL_URL = "/models/model/"
+LIBRARY_URL = "/node_modules/"
+# URL -> file of the page's folder
+PAGE_FILES = {"/": "index.html", "/index.html": "index.html", "/page.js": "page.js"}
+# under node_modules/: the library page.js imports, and ONNX Runtime's WebAssembly builds, of which it loads the one
+# the browser's features call for (headless Chromium: asyncify)
+LIBRARY_FILES = frozenset(
+    [
+        "@huggingface/transformers/dist/transformers.js",
+        *(
+            f"onnxruntime-web/dist/ort-wasm-simd-threaded{build}.{kind}"
+            for build in ("", ".asyncify", ".jsep", ".jspi")
+            for kind in ("mjs", "wasm")
+        ),
+    ]
+)
+# what transformers.js reads of an export (vanilla-export-onnx's layout): ?dtype=q8 loads the _quantized graphs
+MODEL_FILES = frozenset(
+    [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        *(
+            f"onnx/{graph}{dtype}.onnx"
+            for graph in ("encoder_model", "decoder_model_merged")
+            for dtype in ("", "_quantized")
+        ),
+    ]
+)
+
+
+def file_inside(folder: str, relative: str) -> str | None:
+    """`folder`/`relative` with its symbolic links resolved, if that is a file inside `folder` (itself resolved);
+    else None: a link out of the folder serves nothing."""
+    root = os.path.realpath(folder)
+    path = os.path.realpath(os.path.join(root, relative))
+    return path if os.path.commonpath([root, path]) == root and os.path.isfile(path) else None
 
 
 class PageHandler(SimpleHTTPRequestHandler):
-    """Files of the page's folder, and under /models/model/ those of the export."""
+    """The page's files, the library's under /node_modules/ and the export's under /models/model/: those the page
+    loads, and nothing else (no listing, no other file of these folders, this script included)."""
 
-    def __init__(self, *args, model_folder: str, **kwargs):
+    def __init__(self, *args, model_folder: str, page_folder: str = PAGE_FOLDER, **kwargs):
         self.model_folder = model_folder
-        super().__init__(*args, directory=PAGE_FOLDER, **kwargs)
+        self.page_folder = page_folder
+        super().__init__(*args, directory=page_folder, **kwargs)
+
+    def served_file(self, url: str) -> str | None:
+        """The file `url` names (its path, %-decoded, as sent: no `..` or `//` is undone), if it is one the page
+        loads and lies inside its folder."""
+        path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+        if path in PAGE_FILES:
+            return file_inside(self.page_folder, PAGE_FILES[path])
+        if path.startswith(LIBRARY_URL) and path.removeprefix(LIBRARY_URL) in LIBRARY_FILES:
+            return file_inside(os.path.join(self.page_folder, "node_modules"), path.removeprefix(LIBRARY_URL))
+        if path.startswith(MODEL_URL) and path.removeprefix(MODEL_URL) in MODEL_FILES:
+            return file_inside(self.model_folder, path.removeprefix(MODEL_URL))
+        return None
 
     def translate_path(self, path: str) -> str:
-        if path.startswith(MODEL_URL):
-            relative = super().translate_path("/" + path[len(MODEL_URL) :])
-            return os.path.join(self.model_folder, os.path.relpath(relative, PAGE_FOLDER))
-        return super().translate_path(path)
+        # SimpleHTTPRequestHandler.send_head opens what this returns: a file the page loads, else "", which opens
+        # nothing (a 404) and is no folder to list
+        return self.served_file(path) or ""
+
+    def log_error(self, format, *args):
+        # send_error logs "code 404, message ..." before the request's own line, which has the code: one is enough
+        if not format.startswith("code %d"):
+            super().log_error(format, *args)
+
+
+def page_server(model_folder: str, port: int, page_folder: str = PAGE_FOLDER) -> ThreadingHTTPServer:
+    """A server of the page in `page_folder` and the export in `model_folder` on 127.0.0.1:`port` (0: a free one),
+    not yet serving."""
+    handler = functools.partial(
+        PageHandler, model_folder=os.path.abspath(model_folder), page_folder=os.path.abspath(page_folder)
+    )
+    return ThreadingHTTPServer(("127.0.0.1", port), handler)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,9 +106,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{args.model}: not an ONNX export (no onnx/decoder_model_merged.onnx); see vanilla-export-onnx")
     if not os.path.isdir(os.path.join(PAGE_FOLDER, "node_modules", "@huggingface", "transformers")):
         parser.error(f"{PAGE_FOLDER}/node_modules has no transformers.js: run npm ci --ignore-scripts there")
-    handler = functools.partial(PageHandler, model_folder=os.path.abspath(args.model))
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), handler)
-    print(f"Serving the translation page at http://127.0.0.1:{args.port}/ (Ctrl-C stops)", flush=True)
+    server = page_server(args.model, args.port)
+    print(f"Serving the translation page at http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
 
