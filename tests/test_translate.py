@@ -295,3 +295,24 @@ def test_steering_the_trained_models_through_the_command_line(trained_run, chine
     )
     assert status == 0, stderr
     assert "苹果" in (tmp_path / "zh").read_text(encoding="utf-8")
+
+
+def test_a_full_disk_is_one_line_and_leaves_the_old_output_whole(trained_run, tmp_path):
+    """A file size limit (RLIMIT_FSIZE, under which Python's writes fail with EFBIG) stands in for a full disk: the
+    translations do not fit, and the output of an earlier run stays as it was."""
+    import resource
+
+    source = write_lines(tmp_path / "in.en", multi30k_lines(300))
+    output = tmp_path / "out.de"
+    output.write_text("earlier\n")
+    limit = 4096  # far less than 300 translations, more than anything else the command writes
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    command = ["--model", str(trained_run.output), "--input", source, "--output", str(output), *FAST]
+    result = vanilla_translate(*command, preexec_fn=limited)
+    assert result.returncode == 1
+    error = f"vanilla-translate: error: [Errno 27] cannot write {output} (File too large)"
+    assert result.stderr.splitlines()[-1] == error
+    assert output.read_text() == "earlier\n" and sorted(os.listdir(tmp_path)) == ["in.en", "out.de"]
