@@ -1,0 +1,106 @@
+"""Levers of a recipe: its variants trained for the same minutes, seed by seed, side by side, and their validation BLEU.
+
+    python -m bench.bench_recipe --recipe recipes/multi30k_small.yaml --minutes 24 --seeds 1 2 \
+        --variant "paper=" --variant "dropout 0.3=--config_overrides dropout=0.3"
+
+Each (variant, seed) is `python run_translation.py RECIPE --max_train_minutes MINUTES --seed SEED --output_dir
+runs/levers/NAME-seedSEED --do_predict false` followed by the variant's flags (after `=`, as on a command line):
+trained, averaged and scored on the validation set as the recipe says, never on the test set, so that a lever is
+chosen on validation alone. --parallel runs that many at once, each on one torch thread (side by side: the load of
+the machine hits all alike); the rest wait their turn. Writes bench/results/NAME.json (--name): for each run its
+validation BLEU and chrF, its steps and the minutes it trained; for each variant the mean over seeds and the
+spread; the CPU.
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+from bench.common import REPO_ROOT, machine, write_results
+
+
+def variant(text: str) -> tuple[str, list[str]]:
+    """'NAME=FLAGS' -> (NAME, the flags split as a shell would)."""
+    name, separator, flags = text.partition("=")
+    if not separator or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: a variant is NAME=FLAGS (FLAGS may be empty)")
+    return name.strip(), shlex.split(flags)
+
+
+def folder_name(name: str, seed: int) -> str:
+    return f"{re.sub(r'[^A-Za-z0-9.]+', '-', name).strip('-')}-seed{seed}"
+
+
+def run_result(output_dir: str) -> dict:
+    """What a finished run reports: validation BLEU and chrF (of the averaged model), steps, training minutes."""
+    with open(os.path.join(output_dir, "eval_results.json"), encoding="utf-8") as file:
+        scores = json.load(file)
+    with open(os.path.join(output_dir, "trainer_state.json"), encoding="utf-8") as file:
+        state = json.load(file)
+    return {
+        "validation_bleu": round(scores["eval_bleu"], 2),
+        "validation_chrf": round(scores["eval_chrf"], 2),
+        "bleu_signature": scores["eval_bleu_signature"],
+        "steps": state["global_step"],
+        "training_minutes": round(max(entry.get("training_seconds", 0) for entry in state["log_history"]) / 60, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipe", default=os.path.join(REPO_ROOT, "recipes", "multi30k_small.yaml"))
+    parser.add_argument("--minutes", type=float, default=24)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--variant", type=variant, action="append", required=True, help="NAME=FLAGS; repeatable.")
+    parser.add_argument("--parallel", type=int, default=2, help="Runs at once, one thread each.")
+    parser.add_argument("--runs_dir", default=os.path.join(REPO_ROOT, "runs", "levers"))
+    parser.add_argument("--name", default="recipe_levers", help="The results file's name.")
+    args = parser.parse_args(argv)
+
+    # seed by seed, so that the runs side by side are the variants of one seed
+    queue = [(name, flags, seed) for seed in args.seeds for name, flags in args.variant]
+    running, results = [], []
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    while queue or running:
+        while queue and len(running) < args.parallel:
+            name, flags, seed = queue.pop(0)
+            output_dir = os.path.join(args.runs_dir, folder_name(name, seed))
+            command = [sys.executable, os.path.join(REPO_ROOT, "run_translation.py"), args.recipe]
+            command += ["--max_train_minutes", str(args.minutes), "--seed", str(seed), "--output_dir", output_dir]
+            command += ["--do_predict", "false", "--overwrite_output_dir", "true", *flags]
+            os.makedirs(args.runs_dir, exist_ok=True)
+            log = open(os.path.join(args.runs_dir, f"{folder_name(name, seed)}.log"), "w")  # noqa: SIM115 (closed below)
+            print(f"start {name} seed {seed}: {shlex.join(command[1:])}", flush=True)
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment, cwd=REPO_ROOT)
+            running.append((process, log, name, flags, seed, output_dir))
+        time.sleep(5)
+        for entry in [entry for entry in running if entry[0].poll() is not None]:
+            process, log, name, flags, seed, output_dir = entry
+            running.remove(entry)
+            log.close()
+            if process.returncode != 0:
+                sys.exit(f"{name} seed {seed} failed (exit status {process.returncode}): see {log.name}")
+            results.append({"variant": name, "flags": shlex.join(flags), "seed": seed, **run_result(output_dir)})
+            print(json.dumps(results[-1]), flush=True)
+
+    variants = {}
+    for name, flags in args.variant:
+        bleus = [run["validation_bleu"] for run in results if run["variant"] == name]
+        variants[name] = {
+            "flags": shlex.join(flags),
+            "validation_bleu_mean": round(statistics.mean(bleus), 2),
+            "validation_bleu_spread": round(max(bleus) - min(bleus), 2),
+        }
+    setup = {"recipe": os.path.relpath(args.recipe, REPO_ROOT), "minutes": args.minutes, "parallel": args.parallel}
+    path = write_results(args.name, {"machine": machine(), **setup, "variants": variants, "runs": results})
+    print(f"Wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
