@@ -7,9 +7,9 @@ Each (variant, seed) is `python run_translation.py RECIPE --max_train_minutes MI
 runs/levers/NAME-seedSEED --do_predict false` followed by the variant's flags (after `=`, as on a command line):
 trained, averaged and scored on the validation set as the recipe says, never on the test set, so that a lever is
 chosen on validation alone. --parallel runs that many at once, each on one torch thread (side by side: the load of
-the machine hits all alike); the rest wait their turn. Writes bench/results/NAME.json (--name): for each run its
-validation BLEU and chrF, its steps and the minutes it trained; for each variant the mean over seeds and the
-spread; the CPU.
+the machine hits all alike); the rest wait their turn. A run whose folder holds its scores is read, not rerun.
+Writes bench/results/NAME.json (--name): for each run its validation BLEU and chrF, its steps and the minutes it
+trained; for each variant the mean over seeds and the spread; the CPU.
 """
 
 import argparse
@@ -63,9 +63,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default="recipe_levers", help="The results file's name.")
     args = parser.parse_args(argv)
 
-    # seed by seed, so that the runs side by side are the variants of one seed
-    queue = [(name, flags, seed) for seed in args.seeds for name, flags in args.variant]
-    running, results = [], []
+    # seed by seed, so that the runs side by side are the variants of one seed; a finished run (its folder holds its
+    # validation scores) is read, not run again, so that a bench stopped part way, or given more variants, goes on
+    queue, results = [], []
+    for seed in args.seeds:
+        for name, flags in args.variant:
+            output_dir = os.path.join(args.runs_dir, folder_name(name, seed))
+            if os.path.isfile(os.path.join(output_dir, "eval_results.json")):
+                results.append({"variant": name, "flags": shlex.join(flags), "seed": seed, **run_result(output_dir)})
+            else:
+                queue.append((name, flags, seed))
+    running = []
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     while queue or running:
         while queue and len(running) < args.parallel:
