@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
             "validation_bleu_spread": round(max(bleus) - min(bleus), 2),
         }
     setup = {"recipe": os.path.relpath(args.recipe, REPO_ROOT), "minutes": args.minutes, "parallel": args.parallel}
+    setup["threads_per_run"] = int(environment["OMP_NUM_THREADS"])
     path = write_results(args.name, {"machine": machine(), **setup, "variants": variants, "runs": results})
     print(f"Wrote {path}")
 
