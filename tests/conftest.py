@@ -35,11 +35,18 @@ atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=Tr
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
-# trained runs and what is built on them, the kill tests' and launches' runs, the demo server, a BPE on Multi30k
+# trained runs and what is built on them, the kill tests' and launches' runs, the demo server, a BPE on Multi30k,
+# and an ONNX export (torch.export traces the model: half a minute even for a tiny one)
 SLOW_FIXTURES = {
-    "trained_run", "chinese_run", "model_and_tokenizer", "exported",
-    "uninterrupted_run", "launched_runs", "demo_url",
-}  # fmt: skip
+    "trained_run",
+    "chinese_run",
+    "model_and_tokenizer",
+    "exported",
+    "uninterrupted_run",
+    "launched_runs",
+    "demo_url",
+    "onnx_export",
+}
 
 
 def pytest_addoption(parser):

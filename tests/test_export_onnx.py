@@ -19,7 +19,7 @@ SENTENCES = ["a b c d e f", "j i h", "b", "c c c c c c c c c c"]
 
 
 @pytest.fixture(scope="module")
-def exported_pair(tmp_path_factory):
+def onnx_export(tmp_path_factory):
     """A tiny model folder of ours (random weights: every one matters; 4 encoder heads, 2 decoder heads) and its
     ONNX export. Untrained, it never ends a sentence by itself, so every translation runs to its own limit."""
     folder = tmp_path_factory.mktemp("onnx")
@@ -33,8 +33,8 @@ def exported_pair(tmp_path_factory):
     return model, folder / "onnx"
 
 
-def test_the_graphs_compute_our_logits_step_by_step_from_their_own_past(exported_pair):
-    model, folder = exported_pair
+def test_the_graphs_compute_our_logits_step_by_step_from_their_own_past(onnx_export):
+    model, folder = onnx_export
     translator = OnnxTranslator(str(folder))
     batch = letter_tokenizer()(SENTENCES, return_tensors="np", padding=True)
     targets = np.array([[0, 5, 6, 7, 8, 9], [0, 9, 8, 7, 6, 5], [0, 4, 4, 4, 4, 4], [0, 13, 12, 11, 10, 9]])
@@ -62,8 +62,8 @@ def test_the_graphs_compute_our_logits_step_by_step_from_their_own_past(exported
 
 
 @pytest.mark.parametrize("max_new_tokens", [None, 3])
-def test_onnx_runtime_decodes_as_generate_greedy_each_sentence_to_its_limit(exported_pair, max_new_tokens):
-    model, folder = exported_pair
+def test_onnx_runtime_decodes_as_generate_greedy_each_sentence_to_its_limit(onnx_export, max_new_tokens):
+    model, folder = onnx_export
     translator = OnnxTranslator(str(folder))
     batch = letter_tokenizer()(SENTENCES, return_tensors="np", padding=True)
     generated = translator.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens)
@@ -79,22 +79,22 @@ def test_onnx_runtime_decodes_as_generate_greedy_each_sentence_to_its_limit(expo
     ).batch_decode(expected, skip_special_tokens=True)  # fmt: skip
 
 
-def test_vanilla_translate_translates_the_folder_greedily_as_generate_does(exported_pair, tmp_path, capsys):
+def test_vanilla_translate_translates_the_folder_greedily_as_generate_does(onnx_export, tmp_path, capsys):
     from hf_vanilla_transformer.cli.translate import main as translate_main
 
     (tmp_path / "in.txt").write_text("\n".join([SENTENCES[0], "", *SENTENCES[1:]]) + "\n")
     outputs = []
     for folder, flags in (
-        (exported_pair[1], []),
-        (exported_pair[1].parent / "ours", ["--num_beams", "1", "--dtype", "float32"]),
+        (onnx_export[1], []),
+        (onnx_export[1].parent / "ours", ["--num_beams", "1", "--dtype", "float32"]),
     ):
         translate_main(["--model", str(folder), "--input", str(tmp_path / "in.txt"), "--max_new_tokens", "6", *flags])
         outputs.append(capsys.readouterr().out.splitlines())
     assert outputs[0] == outputs[1] and len(outputs[0]) == len(SENTENCES) + 1 and outputs[0][1] == ""
 
 
-def test_the_int8_graphs_decode_close_to_float32(exported_pair):
-    _, folder = exported_pair
+def test_the_int8_graphs_decode_close_to_float32(onnx_export):
+    _, folder = onnx_export
     batch = letter_tokenizer()(SENTENCES, return_tensors="np", padding=True)
     float32, int8 = (OnnxTranslator(str(folder), quantized=quantized) for quantized in (False, True))
     (hidden32,), (hidden8,) = (translator.encoder.run(None, dict(batch)) for translator in (float32, int8))
@@ -107,8 +107,8 @@ def test_the_int8_graphs_decode_close_to_float32(exported_pair):
     ).st_size < (folder / "onnx" / "decoder_model_merged.onnx").stat().st_size  # fmt: skip
 
 
-def test_the_folder_is_a_marian_model_in_the_layout_transformers_js_reads(exported_pair):
-    _, folder = exported_pair
+def test_the_folder_is_a_marian_model_in_the_layout_transformers_js_reads(onnx_export):
+    _, folder = onnx_export
     assert is_onnx_folder(str(folder))
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "marian" and config["architectures"] == ["MarianMTModel"]
