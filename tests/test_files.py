@@ -130,11 +130,8 @@ print(len(changes))
 
 def replace_in_a_process(output: Path, kill_at: int, overwrite: bool = True) -> subprocess.CompletedProcess:
     files_py = Path(__file__).resolve().parents[1] / "hf_vanilla_transformer" / "files.py"
-    return subprocess.run(
-        [sys.executable, "-c", KILLED_REPLACEMENT, str(files_py), str(output), str(kill_at),
-         "overwrite" if overwrite else "keep"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    command = [sys.executable, "-c", KILLED_REPLACEMENT, str(files_py), str(output), str(kill_at)]
+    return subprocess.run([*command, "overwrite" if overwrite else "keep"], capture_output=True, text=True, timeout=60)
 
 
 def folder_contents(folder: Path) -> dict[str, str] | None:

@@ -69,11 +69,23 @@ def test_run_translation_pushes_one_complete_folder(trained_run):
     repo_id, files = trained_run.commits[0]
     assert repo_id == "someone/tiny-en-de"
     assert set(files) == {
-        "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-        "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "pipeline_translation.py",
-        "README.md", "all_results.json", "train_results.json", "eval_results.json", "predict_results.json",
-        "generated_predictions.txt", "attention.png", "run_record.json",
-    }  # fmt: skip
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "configuration_vanilla_transformer.py",
+        "modeling_vanilla_transformer.py",
+        "pipeline_translation.py",
+        "README.md",
+        "all_results.json",
+        "train_results.json",
+        "eval_results.json",
+        "predict_results.json",
+        "generated_predictions.txt",
+        "attention.png",
+        "run_record.json",
+    }
     config = json.loads(files["config.json"])
     assert config["auto_map"]["AutoModelForSeq2SeqLM"].endswith("VanillaTransformerForConditionalGeneration")
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_translation.TranslationPipeline"
@@ -215,16 +227,40 @@ NOT_THE_MODEL = {
 # (results, record, predictions, the card's picture) and an ONNX graph, the one folder the allow-list reaches into
 MODEL_FILES = {
     "ours": {
-        "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-        "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "pipeline_translation.py",
-        "README.md", "all_results.json", "eval_results.json", "run_record.json", "generated_predictions.txt",
-        "attention.png", "onnx/encoder_model.onnx",
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "configuration_vanilla_transformer.py",
+        "modeling_vanilla_transformer.py",
+        "pipeline_translation.py",
+        "README.md",
+        "all_results.json",
+        "eval_results.json",
+        "run_record.json",
+        "generated_predictions.txt",
+        "attention.png",
+        "onnx/encoder_model.onnx",
     },
-    "marian": {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-               "tokenizer_config.json", "README.md"},
-    "ctranslate2": {"model.bin", "shared_vocabulary.json", "config.json", "generation_config.json",
-                    "tokenizer.json", "tokenizer_config.json", "README.md"},
-}  # fmt: skip
+    "marian": {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+    },
+    "ctranslate2": {
+        "model.bin",
+        "shared_vocabulary.json",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+    },
+}
 
 
 @pytest.fixture(scope="module")
