@@ -13,7 +13,8 @@
 - "loop": the main job's recipe through `run_translation.py` for --loop_steps steps (no evaluation, no averaging),
   with --bf16 false and true in turn, --repetitions times; training steps per second of the Trainer's own
   clock (`train_results.json`), medians. The whole loop: batching, collation, the label-smoothed loss,
-  checkpoints.
+  checkpoints. With --loop_baseline CHECKOUT, that checkout's loop (its own code, the same recipe) runs in turn
+  with this one's: `git worktree add /tmp/before HEAD~1` measures a change.
 - "generate" and "ctranslate2": the trained model (--model) translates the 1,000 Multi30k test sources as
   vanilla-translate does (batch 64, the model's decoding): generate() with the model loaded in float32 and in
   bfloat16, and the model exported to CTranslate2 (float32) run with compute types float32, bfloat16, int8 and
@@ -50,6 +51,7 @@ from bench.common import (
 from bench.profile_models import CATEGORIES
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.hardware import cpu_has_bf16_units
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import VanillaTransformerDropout
 from hf_vanilla_transformer.tools.export_ctranslate2 import export
 
 
@@ -106,24 +108,38 @@ def bf16_matrix_products(run):
     return run_in_bf16_products
 
 
-# name: (attention implementation, how the step runs, torch.compile). "autocast" is what the Trainer's --bf16 does
-# on a CPU; "bf16 weights" is `bf16_weights_step`; "bf16 products", `bf16_matrix_products`.
+# name: (attention implementation, how the step runs, torch.compile, whose dropout masks). "autocast" is what the
+# Trainer's --bf16 does on a CPU; "bf16 weights" is `bf16_weights_step`; "bf16 products", `bf16_matrix_products`;
+# "nn.Dropout" swaps the model's dropout for torch's own (`with_torch_dropout`).
 TRAINING_OPTIONS = {
-    "float32": ("sdpa", "float32", False),
-    "float32, compiled": ("sdpa", "float32", True),
-    "float32, matrix products in bf16 (oneDNN)": ("sdpa", "bf16 products", False),
-    "float32, matrix products in bf16 (oneDNN), eager attention": ("eager", "bf16 products", False),
-    "bf16 autocast (sdpa)": ("sdpa", "autocast", False),
-    "bf16 autocast, eager attention": ("eager", "autocast", False),
-    "bf16 autocast, eager attention, compiled": ("eager", "autocast", True),
-    "bf16 weights, float32 master copies, eager attention": ("eager", "bf16 weights", False),
+    "float32": ("sdpa", "float32", False, "ours"),
+    "float32, nn.Dropout's masks": ("sdpa", "float32", False, "nn.Dropout"),
+    "float32, compiled": ("sdpa", "float32", True, "ours"),
+    "float32, matrix products in bf16 (oneDNN)": ("sdpa", "bf16 products", False, "ours"),
+    "float32, matrix products in bf16 (oneDNN), eager attention": ("eager", "bf16 products", False, "ours"),
+    "bf16 autocast (sdpa)": ("sdpa", "autocast", False, "ours"),
+    "bf16 autocast, eager attention": ("eager", "autocast", False, "ours"),
+    "bf16 autocast, eager attention, nn.Dropout's masks": ("eager", "autocast", False, "nn.Dropout"),
+    "bf16 autocast, eager attention, compiled": ("eager", "autocast", True, "ours"),
+    "bf16 weights, float32 master copies, eager attention": ("eager", "bf16 weights", False, "ours"),
 }
 
 
+def with_torch_dropout(model):
+    """The model with each of its dropout modules replaced by torch's `nn.Dropout` of the same p."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, VanillaTransformerDropout):
+                setattr(module, name, torch.nn.Dropout(child.p))
+    return model
+
+
 def training_candidate(config, batches, option: str):
-    attention, arithmetic, compiled = TRAINING_OPTIONS[option]
+    attention, arithmetic, compiled, dropout = TRAINING_OPTIONS[option]
     model = VanillaTransformerForConditionalGeneration(config)
     model.set_attn_implementation(attention)
+    if dropout == "nn.Dropout":
+        with_torch_dropout(model)
     if compiled:
         model.compile()  # as the Trainer's --torch_compile: the forward, in place
     if arithmetic == "bf16 weights":
@@ -184,29 +200,36 @@ def profile_figures(max_tokens: int) -> dict:
     return figures
 
 
-def loop_figures(steps: int, repetitions: int) -> dict:
-    runs = {"float32": [], "bfloat16": []}
+def loop_figures(steps: int, repetitions: int, baseline: str | None = None) -> dict:
+    """The loop's steps per second in float32 and bfloat16; with `baseline` (another checkout of this repository),
+    that checkout's loop too, each of the four runs in turn within a repetition."""
+    checkouts = {"": REPO_ROOT} | ({"baseline, ": os.path.abspath(baseline)} if baseline else {})
+    runs = {f"{label}{name}": [] for label in checkouts for name in ("float32", "bfloat16")}
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(repetitions):
-            for name, flag in (("float32", "false"), ("bfloat16", "true")):
-                output = os.path.join(folder, name)
-                command = [
-                    sys.executable, "run_translation.py", "recipes/multi30k_small.yaml", "--bf16", flag,
-                    "--max_steps", str(steps), "--do_eval", "false", "--do_predict", "false",
-                    "--average_last_checkpoints", "1", "--disable_tqdm", "true",
-                    "--output_dir", output, "--overwrite_output_dir", "true",
-                ]  # fmt: skip
-                subprocess.run(command, cwd=REPO_ROOT, check=True, capture_output=True)
-                with open(os.path.join(output, "train_results.json")) as results:
-                    runs[name].append(json.load(results)["train_steps_per_second"])
-                print(f"loop, {name}: {runs[name][-1]} steps/s", flush=True)
+            for label, root in checkouts.items():
+                for name, flag in (("float32", "false"), ("bfloat16", "true")):
+                    output = os.path.join(folder, "run")
+                    command = [
+                        sys.executable, "run_translation.py", "recipes/multi30k_small.yaml", "--bf16", flag,
+                        "--max_steps", str(steps), "--do_eval", "false", "--do_predict", "false",
+                        "--average_last_checkpoints", "1", "--disable_tqdm", "true",
+                        "--output_dir", output, "--overwrite_output_dir", "true",
+                    ]  # fmt: skip
+                    # in the checkout's folder, Python imports the checkout's package (the script's folder comes first)
+                    subprocess.run(command, cwd=root, check=True, capture_output=True)
+                    with open(os.path.join(output, "train_results.json")) as results:
+                        runs[label + name].append(json.load(results)["train_steps_per_second"])
+                    print(f"loop, {label}{name}: {runs[label + name][-1]} steps/s", flush=True)
     medians = {name: statistics.median(rates) for name, rates in runs.items()}
-    return {
-        "steps": steps,
-        "steps_per_second": runs,
-        "median_steps_per_second": medians,
-        "bf16_over_fp32": round(medians["bfloat16"] / medians["float32"], 3),
-    }
+    figures = {"steps": steps, "steps_per_second": runs, "median_steps_per_second": medians}
+    for label in checkouts:
+        figures[f"{label}bf16_over_fp32"] = round(medians[f"{label}bfloat16"] / medians[f"{label}float32"], 3)
+    if baseline:
+        figures["baseline"] = baseline
+        for name in ("float32", "bfloat16"):
+            figures[f"{name}_over_baseline"] = round(medians[name] / medians[f"baseline, {name}"], 3)
+    return figures
 
 
 def translation_figures(model: str, repetitions: int) -> dict:
@@ -258,6 +281,9 @@ def main() -> None:
     parser.add_argument("--options", nargs="+", default=list(TRAINING_OPTIONS), choices=list(TRAINING_OPTIONS))
     parser.add_argument("--max_tokens", type=int, default=1024, help="Token budget of a training batch.")
     parser.add_argument("--loop_steps", type=int, default=300, help="Steps of each run of the main job's loop.")
+    parser.add_argument(
+        "--loop_baseline", help="Another checkout of this repository whose loop runs in turn with this one's."
+    )
     parser.add_argument("--results", default="bf16", help="The results file's name in bench/results.")
     args = parser.parse_args()
     results = {"machine": machine(), "bf16_units": cpu_has_bf16_units(), "repetitions": args.repetitions}
@@ -271,7 +297,7 @@ def main() -> None:
     if "profile" in args.parts:
         results["profile_small"] = profile_figures(args.max_tokens)
     if "loop" in args.parts:
-        results["loop"] = loop_figures(args.loop_steps, args.repetitions)
+        results["loop"] = loop_figures(args.loop_steps, args.repetitions, args.loop_baseline)
     if "translation" in args.parts:
         results["translation"] = translation_figures(args.model, args.repetitions)
     print("wrote", write_results(args.results, results))

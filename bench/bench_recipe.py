@@ -6,8 +6,9 @@
 Each (variant, seed) is `python run_translation.py RECIPE --max_train_minutes MINUTES --seed SEED --output_dir
 runs/levers/NAME-seedSEED --do_predict false` followed by the variant's flags (after `=`, as on a command line):
 trained, averaged and scored on the validation set as the recipe says, never on the test set, so that a lever is
-chosen on validation alone. --parallel runs that many at once, each on one torch thread (side by side: the load of
-the machine hits all alike); the rest wait their turn. A run whose folder holds its scores is read, not rerun.
+chosen on validation alone. --parallel runs that many at once, sharing the CPU's cores as torch threads (1: one run
+on all of them, as the recipe runs; 2 on 2 cores: one thread each, side by side, so that the load of the machine
+hits both alike); the rest wait their turn. A run whose folder holds its scores is read, not rerun.
 Writes bench/results/NAME.json (--name): for each run its validation BLEU and chrF, its steps and the minutes it
 trained; for each variant the mean over seeds and the spread; the CPU.
 """
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--minutes", type=float, default=24)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--variant", type=variant, action="append", required=True, help="NAME=FLAGS; repeatable.")
-    parser.add_argument("--parallel", type=int, default=2, help="Runs at once, one thread each.")
+    parser.add_argument("--parallel", type=int, default=2, help="Runs at once, sharing the cores.")
     parser.add_argument("--runs_dir", default=os.path.join(REPO_ROOT, "runs", "levers"))
     parser.add_argument("--name", default="recipe_levers", help="The results file's name.")
     args = parser.parse_args(argv)
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 queue.append((name, flags, seed))
     running = []
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    threads = max(1, len(os.sched_getaffinity(0)) // args.parallel)
+    environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     while queue or running:
         while queue and len(running) < args.parallel:
             name, flags, seed = queue.pop(0)
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
             "validation_bleu_spread": round(max(bleus) - min(bleus), 2),
         }
     setup = {"recipe": os.path.relpath(args.recipe, REPO_ROOT), "minutes": args.minutes, "parallel": args.parallel}
-    setup["threads_per_run"] = int(environment["OMP_NUM_THREADS"])
+    setup["threads_per_run"] = threads
     path = write_results(args.name, {"machine": machine(), **setup, "variants": variants, "runs": results})
     print(f"Wrote {path}")
 

@@ -22,6 +22,7 @@ from hf_vanilla_transformer import (
 )
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     VanillaTransformerAttention,
+    VanillaTransformerDropout,
     VanillaTransformerLayer,
     VanillaTransformerSinusoidalPositionalEncoding,
     shift_tokens_right,
@@ -123,8 +124,41 @@ def test_residual_dropout_applies_to_the_sublayer_output_before_the_sum():
     torch.manual_seed(5)
     output = layer.residual(x, f, norm)
     torch.manual_seed(5)
-    dropped = nn.functional.dropout(f(x), p=0.5, training=True)
+    dropped = layer.dropout(f(x))
+    assert (dropped == 0).any()
     torch.testing.assert_close(output, norm(x + dropped))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_dropout_zeroes_each_element_with_probability_p_and_scales_the_rest(p, dtype):
+    size = 400_001  # odd: the last element has half a draw of its own
+    torch.manual_seed(0)
+    output = VanillaTransformerDropout(p).train()(torch.ones(size, dtype=dtype))
+    dropped = round(p * 2**15) / 2**15
+    assert abs(dropped - p) <= 2**-16
+    # both halves of each 32-bit draw: even and odd positions alike, and the last element
+    for part in (output[0::2], output[1::2]):
+        assert abs((part == 0).double().mean().item() - p) < 0.005
+    assert set(output.float().unique().tolist()) == {0.0, torch.tensor(1 / (1 - dropped), dtype=dtype).item()}
+    assert abs(output.double().mean().item() - 1) < 0.01
+    # the same statistics as nn.Dropout's
+    reference = nn.Dropout(p).train()(torch.ones(size, dtype=dtype))
+    assert abs((reference == 0).double().mean().item() - (output == 0).double().mean().item()) < 0.006
+
+
+def test_dropout_repeats_under_a_seed_passes_gradients_through_its_mask_and_is_off_in_evaluation():
+    dropout = VanillaTransformerDropout(0.3).train()
+    x = torch.randn(6, 7, requires_grad=True)
+    torch.manual_seed(3)
+    first = dropout(x)
+    torch.manual_seed(3)
+    assert dropout(x).equal(first) and not dropout(x).equal(first)
+    first.sum().backward()
+    torch.testing.assert_close(x.grad, (first != 0).float() / (1 - round(0.3 * 2**15) / 2**15))
+    assert dropout.eval()(x) is x
+    assert VanillaTransformerDropout(0.0).train()(x) is x
+    assert VanillaTransformerDropout(1.0).train()(x).eq(0).all()
 
 
 def test_pre_norm_stacks_end_with_a_layer_norm_and_post_norm_ones_do_not():

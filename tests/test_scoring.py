@@ -182,7 +182,8 @@ def test_vanilla_score_writes_each_pairs_log_probability_or_its_whole_score(fold
     expected = score_lines(load_translator(model_folder, "cpu", "float32"), SOURCES, targets)
     score_main([*common, "--output", str(tmp_path / "plain.txt"), "--batch_size", "2"])
     plain = (tmp_path / "plain.txt").read_text().splitlines()
-    assert [float(line) for line in plain] == pytest.approx([score.log_probability for score in expected], abs=1e-6)
+    # batches of 2 pad differently from the default's one batch: float32 sums of about 10 differ in the last bits
+    assert [float(line) for line in plain] == pytest.approx([score.log_probability for score in expected], abs=1e-5)
     score_main([*common, "--output", str(tmp_path / "scores.jsonl"), "--format", "jsonl"])
     rows = [json.loads(line) for line in (tmp_path / "scores.jsonl").read_text().splitlines()]
     assert [row["tokens"] for row in rows][1] == ["b", "</s>"]

@@ -121,7 +121,7 @@ class VanillaTransformerEmbeddings(nn.Module):
         else:
             self.embed_positions = nn.Embedding(config.max_position_embeddings, config.d_model)
         self.max_positions = config.max_position_embeddings
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = VanillaTransformerDropout(config.dropout)
 
     def forward(
         self,
@@ -263,7 +263,7 @@ class VanillaTransformerFeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(config.d_model, ffn_dim)
         self.activation_fn = ACT2FN[config.activation_function]
-        self.activation_dropout = nn.Dropout(config.activation_dropout)
+        self.activation_dropout = VanillaTransformerDropout(config.activation_dropout)
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -271,6 +271,31 @@ class VanillaTransformerFeedForward(nn.Module):
 
 
 # --- Residual connection around each sub-layer, and the encoder and decoder layers (Sections 3.1, 5.4) ---------
+
+
+class VanillaTransformerDropout(nn.Dropout):
+    """Section 5.4's dropout: in training, each element is zeroed with probability p and the rest scaled by 1/(1-p).
+
+    On a CPU it draws its own mask: `nn.Dropout` draws one random number an element (`bernoulli_`), which costs
+    more than the rest of a bfloat16 training step's element-wise work (BENCHMARKS.md, "Dropout's random masks").
+    Here each draw of 32 random bits makes the masks of two elements: each half's lowest 15 bits, against a
+    threshold of round(p x 2^15). That rounds p to a multiple of 2^-15 (0.1 becomes 0.100006), and the scale
+    follows the rounded p, so the expected output is still the input. Other devices, and p of 0 or 1, use
+    `nn.Dropout` itself. The masks come from torch's generator: `torch.manual_seed` repeats them.
+    """
+
+    levels = 2**15
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not self.training or hidden_states.device.type != "cpu" or self.p in (0, 1):
+            return super().forward(hidden_states)
+        size = hidden_states.numel()
+        bits = torch.empty((size + 1) // 2, dtype=torch.int32).random_()  # 31 random bits: [0, 2^31)
+        halves = bits.view(torch.int16)[:size].view(hidden_states.shape)
+        dropped = round(self.p * self.levels)
+        keep = (halves & (self.levels - 1)) >= dropped
+        return hidden_states * keep.to(hidden_states.dtype).mul_(self.levels / (self.levels - dropped))
+
 
 
 class VanillaTransformerLayer(GradientCheckpointingLayer):
@@ -284,7 +309,7 @@ class VanillaTransformerLayer(GradientCheckpointingLayer):
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = VanillaTransformerDropout(config.dropout)
         self.pre_norm = config.layer_norm_position == "pre"
 
     def residual(
