@@ -297,7 +297,6 @@ class VanillaTransformerDropout(nn.Dropout):
         return hidden_states * keep.to(hidden_states.dtype).mul_(self.levels / (self.levels - dropped))
 
 
-
 class VanillaTransformerLayer(GradientCheckpointingLayer):
     """Sections 3.1 and 5.4: the output of each sub-layer is LayerNorm(x + Dropout(Sublayer(x))).
 
