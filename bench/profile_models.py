@@ -29,7 +29,7 @@ from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerF
 
 CATEGORIES = {
     "matrix products": lambda name: name in ("aten::mm", "aten::addmm", "aten::bmm"),
-    "dropout masks": lambda name: name == "aten::bernoulli_",
+    "dropout masks": lambda name: name in ("aten::bernoulli_", "aten::random_"),  # nn.Dropout's draws, and ours
     "softmax and loss": lambda name: "log_softmax" in name or "nll_loss" in name,
     "attention kernel": lambda name: "scaled_dot_product" in name,
     "index_select (cache reordering)": lambda name: name == "aten::index_select",

@@ -446,7 +446,7 @@ def test_dynamo_sees_the_model_as_one_graph_in_training_and_evaluation(attn_impl
             return graph_module.forward
 
         torch.compiler.reset()
-        model = tiny_model(attn_implementation=attn_implementation).train(training)
+        model = tiny_model(attn_implementation=attn_implementation, dropout=0.1).train(training)
         torch.compile(model, fullgraph=True, backend=recording_backend)(**batch)
         assert len(graphs) == 1
 

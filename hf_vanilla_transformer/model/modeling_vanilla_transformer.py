@@ -276,18 +276,20 @@ class VanillaTransformerFeedForward(nn.Module):
 class VanillaTransformerDropout(nn.Dropout):
     """Section 5.4's dropout: in training, each element is zeroed with probability p and the rest scaled by 1/(1-p).
 
-    On a CPU it draws its own mask: `nn.Dropout` draws one random number an element (`bernoulli_`), which costs
-    more than the rest of a bfloat16 training step's element-wise work (BENCHMARKS.md, "Dropout's random masks").
-    Here each draw of 32 random bits makes the masks of two elements: each half's lowest 15 bits, against a
-    threshold of round(p x 2^15). That rounds p to a multiple of 2^-15 (0.1 becomes 0.100006), and the scale
-    follows the rounded p, so the expected output is still the input. Other devices, and p of 0 or 1, use
-    `nn.Dropout` itself. The masks come from torch's generator: `torch.manual_seed` repeats them.
+    On a CPU it draws its own mask: `nn.Dropout` draws one random number an element (`bernoulli_`), about a seventh
+    of a bfloat16 training step here (BENCHMARKS.md, "Dropout's random masks"). Here each draw of 32 random bits
+    makes the masks of two elements: each half's lowest 15 bits, against a threshold of round(p x 2^15). That
+    rounds p to a multiple of 2^-15 (0.1 becomes 0.100006), and the scale follows the rounded p, so the expected
+    output is still the input. Other devices, p of 0 or 1, and torch.compile (which cannot trace `random_`, and
+    generates its own masks) use `nn.Dropout` itself. The masks come from torch's generator: `torch.manual_seed`
+    repeats them.
     """
 
     levels = 2**15
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if not self.training or hidden_states.device.type != "cpu" or self.p in (0, 1):
+        own_mask = hidden_states.device.type == "cpu" and 0 < self.p < 1 and not is_torchdynamo_compiling()
+        if not (self.training and own_mask):
             return super().forward(hidden_states)
         size = hidden_states.numel()
         bits = torch.empty((size + 1) // 2, dtype=torch.int32).random_()  # 31 random bits: [0, 2^31)
