@@ -14,7 +14,7 @@
   with --bf16 false and true in turn, --repetitions times; training steps per second of the Trainer's own
   clock (`train_results.json`), medians. The whole loop: batching, collation, the label-smoothed loss,
   checkpoints. With --loop_baseline CHECKOUT, that checkout's loop (its own code, the same recipe) runs in turn
-  with this one's: `git worktree add /tmp/before HEAD~1` measures a change.
+  with this one's: `git worktree add ../before HEAD~1` (beside this checkout: it reads ../shared) measures a change.
 - "generate" and "ctranslate2": the trained model (--model) translates the 1,000 Multi30k test sources as
   vanilla-translate does (batch 64, the model's decoding): generate() with the model loaded in float32 and in
   bfloat16, and the model exported to CTranslate2 (float32) run with compute types float32, bfloat16, int8 and
@@ -210,12 +210,10 @@ def loop_figures(steps: int, repetitions: int, baseline: str | None = None) -> d
             for label, root in checkouts.items():
                 for name, flag in (("float32", "false"), ("bfloat16", "true")):
                     output = os.path.join(folder, "run")
-                    command = [
-                        sys.executable, "run_translation.py", "recipes/multi30k_small.yaml", "--bf16", flag,
-                        "--max_steps", str(steps), "--do_eval", "false", "--do_predict", "false",
-                        "--average_last_checkpoints", "1", "--disable_tqdm", "true",
-                        "--output_dir", output, "--overwrite_output_dir", "true",
-                    ]  # fmt: skip
+                    flags = f"--bf16 {flag} --max_steps {steps} --do_eval false --do_predict false"
+                    flags += " --average_last_checkpoints 1 --disable_tqdm true --overwrite_output_dir true"
+                    command = [sys.executable, "run_translation.py", "recipes/multi30k_small.yaml", *flags.split()]
+                    command += ["--output_dir", output]
                     # in the checkout's folder, Python imports the checkout's package (the script's folder comes first)
                     subprocess.run(command, cwd=root, check=True, capture_output=True)
                     with open(os.path.join(output, "train_results.json")) as results:

@@ -64,20 +64,25 @@ def test_auto_tokenizer_alone_asks_to_run_the_model_code_where_the_package_is_mi
     assert "You are using a model of type `vanilla_transformer`" in result.stderr
 
 
+# What `save_pretrained` writes for our model, with its code and card: in every pushed folder of ours
+SAVED_MODEL = {
+    "model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "configuration_vanilla_transformer.py",
+    "modeling_vanilla_transformer.py",
+    "pipeline_translation.py",
+    "README.md",
+}
+
+
 def test_run_translation_pushes_one_complete_folder(trained_run):
     assert len(trained_run.commits) == 1
     repo_id, files = trained_run.commits[0]
     assert repo_id == "someone/tiny-en-de"
-    assert set(files) == {
-        "model.safetensors",
-        "config.json",
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "configuration_vanilla_transformer.py",
-        "modeling_vanilla_transformer.py",
-        "pipeline_translation.py",
-        "README.md",
+    assert set(files) == SAVED_MODEL | {
         "all_results.json",
         "train_results.json",
         "eval_results.json",
@@ -226,16 +231,8 @@ NOT_THE_MODEL = {
 # The model files each finished folder holds: what the save or the export wrote, and in ours what a run adds
 # (results, record, predictions, the card's picture) and an ONNX graph, the one folder the allow-list reaches into
 MODEL_FILES = {
-    "ours": {
-        "model.safetensors",
-        "config.json",
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "configuration_vanilla_transformer.py",
-        "modeling_vanilla_transformer.py",
-        "pipeline_translation.py",
-        "README.md",
+    "ours": SAVED_MODEL
+    | {
         "all_results.json",
         "eval_results.json",
         "run_record.json",
