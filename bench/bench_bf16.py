@@ -5,8 +5,8 @@
 
 - "cpu": whether the CPU has bfloat16 units (AVX512-BF16, AMX: `hf_vanilla_transformer.hardware`) and 2048x2048
   matrix products per second in each dtype, on torch's threads.
-- "training": training steps (forward, backward, fused Adam) of the `small` and `base` presets on the same 8
-  Multi30k batches of <= --max_tokens tokens (the main job's 1,024), each way of running them in turn
+- "training": training steps (forward, backward, fused Adam) of the `small` and `base` presets on the same
+  --batches Multi30k batches (8) of <= --max_tokens tokens (the main job's 1,024), each way of running them in turn
   (interleaved), medians of --repetitions; target tokens per second and the ratio to float32 (`TRAINING_OPTIONS`).
 - "profile": torch.profiler over float32 and the default bf16 step (autocast, eager attention) of `small`: CPU
   milliseconds a batch by kind of operator (bench.profile_models' kinds, and copies: autocast's casts).
@@ -36,6 +36,7 @@ import time
 import ctranslate2
 import sacrebleu
 import torch
+from accelerate.utils import compile_regions
 
 from bench.bench_ctranslate2 import in_own_process, multi30k_test_pairs
 from bench.common import (
@@ -121,6 +122,7 @@ TRAINING_OPTIONS = {
     "bf16 autocast, eager attention": ("eager", "autocast", False, "ours"),
     "bf16 autocast, eager attention, nn.Dropout's masks": ("eager", "autocast", False, "nn.Dropout"),
     "bf16 autocast, eager attention, compiled": ("eager", "autocast", True, "ours"),
+    "bf16 autocast, eager attention, regional compile": ("eager", "autocast", "regions", "ours"),
     "bf16 weights, float32 master copies, eager attention": ("eager", "bf16 weights", False, "ours"),
 }
 
@@ -140,7 +142,9 @@ def training_candidate(config, batches, option: str):
     model.set_attn_implementation(attention)
     if dropout == "nn.Dropout":
         with_torch_dropout(model)
-    if compiled:
+    if compiled == "regions":
+        model = compile_regions(model)  # accelerate's: each repeated layer compiled once, the rest on its own
+    elif compiled:
         model.compile()  # as the Trainer's --torch_compile: the forward, in place
     if arithmetic == "bf16 weights":
         return bf16_weights_step(model, batches)
@@ -149,10 +153,12 @@ def training_candidate(config, batches, option: str):
     return step_function(model, batches, autocast_loss if arithmetic == "autocast" else hf_loss)
 
 
-def training_figures(presets: list[str], options: list[str], max_tokens: int, repetitions: int) -> dict:
+def training_figures(
+    presets: list[str], options: list[str], batch_count: int, max_tokens: int, repetitions: int
+) -> dict:
     figures = {}
     for preset in presets:
-        batches, tokenizer = multi30k_batches(8, max_tokens)
+        batches, tokenizer = multi30k_batches(batch_count, max_tokens)
         config = VanillaTransformerConfig.from_preset(preset, vocab_size=len(tokenizer))
         candidates = {}
         for option in ["float32", *(option for option in options if option != "float32")]:
@@ -278,6 +284,7 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["cpu", "training", "translation"], choices=parts)
     parser.add_argument("--options", nargs="+", default=list(TRAINING_OPTIONS), choices=list(TRAINING_OPTIONS))
     parser.add_argument("--max_tokens", type=int, default=1024, help="Token budget of a training batch.")
+    parser.add_argument("--batches", type=int, default=8, help="Distinct training batches (shapes) a step cycles.")
     parser.add_argument("--loop_steps", type=int, default=300, help="Steps of each run of the main job's loop.")
     parser.add_argument(
         "--loop_baseline", help="Another checkout of this repository whose loop runs in turn with this one's."
@@ -290,8 +297,11 @@ def main() -> None:
         results["matmul_tflops"] = {name: round(rate / 1e12, 3) for name, rate in rates.items()}
         print("matmul TFLOP/s:", results["matmul_tflops"], "bf16 units:", results["bf16_units"])
     if "training" in args.parts:
-        results["max_tokens"] = args.max_tokens
-        results["training_step"] = training_figures(args.presets, args.options, args.max_tokens, args.repetitions)
+        results["max_tokens"], results["batches"] = args.max_tokens, args.batches
+        results["onednn_primitive_cache_capacity"] = os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "default")
+        results["training_step"] = training_figures(
+            args.presets, args.options, args.batches, args.max_tokens, args.repetitions
+        )
     if "profile" in args.parts:
         results["profile_small"] = profile_figures(args.max_tokens)
     if "loop" in args.parts:

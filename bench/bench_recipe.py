@@ -9,6 +9,11 @@ trained, averaged and scored on the validation set as the recipe says, never on 
 chosen on validation alone. --parallel runs that many at once, sharing the CPU's cores as torch threads (1: one run
 on all of them, as the recipe runs; 2 on 2 cores: one thread each, side by side, so that the load of the machine
 hits both alike); the rest wait their turn. A run whose folder holds its scores is read, not rerun.
+--match_steps VARIANT trains every other variant's run of a seed for as many steps as VARIANT's run of that seed
+made (`--max_steps`; the minutes only cap it, at four times --minutes): for levers that leave a step's cost as it
+is, so that the host's speed, which moves between sessions, stays out of the comparison. Equation 3's schedule does
+not depend on the step count, and the last checkpoints fall on the same steps, so such a run is the recipe's run
+had the host made that many steps in the minutes.
 Writes bench/results/NAME.json (--name): for each run its validation BLEU and chrF, its steps and the minutes it
 trained; for each variant the mean over seeds and the spread; the CPU.
 """
@@ -62,7 +67,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parallel", type=int, default=2, help="Runs at once, sharing the cores.")
     parser.add_argument("--runs_dir", default=os.path.join(REPO_ROOT, "runs", "levers"))
     parser.add_argument("--name", default="recipe_levers", help="The results file's name.")
+    parser.add_argument("--match_steps", metavar="VARIANT", help="Train the others for this variant's steps.")
     args = parser.parse_args(argv)
+    if args.match_steps is not None and args.match_steps not in [name for name, _ in args.variant]:
+        parser.error(f"--match_steps: {args.match_steps!r} is none of the variants' names")
+
+    def steps_to_match(name: str, seed: int) -> int | None:
+        """The steps the run must make (None: the minutes decide), or 0 while its reference has not finished."""
+        if args.match_steps is None or name == args.match_steps:
+            return None
+        reference = [run for run in results if run["variant"] == args.match_steps and run["seed"] == seed]
+        return reference[0]["steps"] if reference else 0
 
     # seed by seed, so that the runs side by side are the variants of one seed; a finished run (its folder holds its
     # validation scores) is read, not run again, so that a bench stopped part way, or given more variants, goes on
@@ -78,12 +93,18 @@ def main(argv: list[str] | None = None) -> None:
     threads = max(1, len(os.sched_getaffinity(0)) // args.parallel)
     environment = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     while queue or running:
-        while queue and len(running) < args.parallel:
-            name, flags, seed = queue.pop(0)
+        ready = [entry for entry in queue if steps_to_match(entry[0], entry[2]) != 0]
+        while ready and len(running) < args.parallel:
+            name, flags, seed = ready.pop(0)
+            queue.remove((name, flags, seed))
             output_dir = os.path.join(args.runs_dir, folder_name(name, seed))
+            steps = steps_to_match(name, seed)
+            minutes = args.minutes if steps is None else 4 * args.minutes
             command = [sys.executable, os.path.join(REPO_ROOT, "run_translation.py"), args.recipe]
-            command += ["--max_train_minutes", str(args.minutes), "--seed", str(seed), "--output_dir", output_dir]
+            command += ["--max_train_minutes", str(minutes), "--seed", str(seed), "--output_dir", output_dir]
             command += ["--do_predict", "false", "--overwrite_output_dir", "true", *flags]
+            if steps is not None:
+                command += ["--max_steps", str(steps)]
             os.makedirs(args.runs_dir, exist_ok=True)
             log = open(os.path.join(args.runs_dir, f"{folder_name(name, seed)}.log"), "w")  # noqa: SIM115 (closed below)
             print(f"start {name} seed {seed}: {shlex.join(command[1:])}", flush=True)
@@ -108,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
             "validation_bleu_spread": round(max(bleus) - min(bleus), 2),
         }
     setup = {"recipe": os.path.relpath(args.recipe, REPO_ROOT), "minutes": args.minutes, "parallel": args.parallel}
+    setup["match_steps"] = args.match_steps
     setup["threads_per_run"] = threads
     path = write_results(args.name, {"machine": machine(), **setup, "variants": variants, "runs": results})
     print(f"Wrote {path}")
