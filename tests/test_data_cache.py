@@ -81,6 +81,14 @@ def test_a_file_changed_in_place_is_read_again(tmp_path):
     }  # fmt: skip
 
 
+def test_one_file_given_for_two_splits_is_read_as_each(tmp_path):
+    data, cache = pairs_file(tmp_path / "pairs.jsonl", 5), str(tmp_path / "cache")
+    train = load_translation_split(data, None, None, "train", "en", "de", cache_dir=cache)
+    validation = load_translation_split(data, None, None, "validation", "en", "de", cache_dir=cache)
+    assert (str(train.split), str(validation.split)) == ("train", "validation")
+    assert train[:] == validation[:] and len(train) == 5
+
+
 def test_a_bad_row_is_named_by_file_and_line_and_leaves_no_cache(tmp_path):
     train = pairs_file(tmp_path / "train.jsonl", 3000)
     lines = Path(train).read_text().splitlines()

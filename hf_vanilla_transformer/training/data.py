@@ -151,7 +151,7 @@ def load_translation_split(
             cache_dir=cache_dir,
             gen_kwargs={"path": path, "source_lang": source_lang, "target_lang": target_lang,
                         "max_samples": max_samples},
-            fingerprint=file_fingerprint(path, source_lang, target_lang, max_samples),
+            fingerprint=file_fingerprint(path, split, source_lang, target_lang, max_samples),
             split=split,
         )  # fmt: skip
     except datasets.exceptions.DatasetGenerationError as error:
@@ -168,13 +168,14 @@ def file_pairs(path: str, source_lang: str, target_lang: str, max_samples: int |
         yield {"source": source, "target": target}
 
 
-def file_fingerprint(path: str, source_lang: str, target_lang: str, max_samples: int | None) -> str:
-    """What names a file's cached pairs: the file as it is now, the languages and the number of pairs read.
-    `datasets` would otherwise hash the generator's arguments, which name the file but not its content, and a file
-    edited in place would give the old pairs."""
+def file_fingerprint(path: str, split: str, source_lang: str, target_lang: str, max_samples: int | None) -> str:
+    """What names a file's cached pairs: the file as it is now, the split it is read as (the cache holds the split's
+    name, so one file given for two splits is cached twice), the languages and the number of pairs read. `datasets`
+    would otherwise hash the generator's arguments, which name the file but not its content, and a file edited in
+    place would give the old pairs."""
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file")
-    return files_fingerprint([path], PAIRS_FORMAT, source_lang, target_lang, max_samples)
+    return files_fingerprint([path], PAIRS_FORMAT, split, source_lang, target_lang, max_samples)
 
 
 def files_fingerprint(paths: list[str], *settings) -> str:
