@@ -14,6 +14,8 @@ made (`--max_steps`; the minutes only cap it, at four times --minutes): for leve
 is, so that the host's speed, which moves between sessions, stays out of the comparison. Equation 3's schedule does
 not depend on the step count, and the last checkpoints fall on the same steps, so such a run is the recipe's run
 had the host made that many steps in the minutes.
+--finished FILE... takes the runs an earlier results file lists (same recipe, variant name, flags and seed) as
+finished: a bench goes on from its committed results on a machine that no longer holds their folders.
 Writes bench/results/NAME.json (--name): for each run its validation BLEU and chrF, its steps and the minutes it
 trained; for each variant the mean over seeds and the spread; the CPU.
 """
@@ -58,6 +60,15 @@ def run_result(output_dir: str) -> dict:
     }
 
 
+def finished_runs(path: str, recipe: str, minutes: float) -> list[dict]:
+    """The runs a results file of this bench lists, if it trained the same recipe for the same minutes."""
+    with open(path, encoding="utf-8") as file:
+        earlier = json.load(file)
+    if (earlier.get("recipe"), earlier.get("minutes")) != (recipe, minutes):
+        raise SystemExit(f"{path}: its runs trained {earlier.get('recipe')!r} for {earlier.get('minutes')} minutes")
+    return earlier["runs"]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default=os.path.join(REPO_ROOT, "recipes", "multi30k_small.yaml"))
@@ -68,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs_dir", default=os.path.join(REPO_ROOT, "runs", "levers"))
     parser.add_argument("--name", default="recipe_levers", help="The results file's name.")
     parser.add_argument("--match_steps", metavar="VARIANT", help="Train the others for this variant's steps.")
+    parser.add_argument("--finished", nargs="+", default=[], metavar="FILE", help="Results files whose runs count.")
     args = parser.parse_args(argv)
     if args.match_steps is not None and args.match_steps not in [name for name, _ in args.variant]:
         parser.error(f"--match_steps: {args.match_steps!r} is none of the variants' names")
@@ -82,10 +94,17 @@ def main(argv: list[str] | None = None) -> None:
     # seed by seed, so that the runs side by side are the variants of one seed; a finished run (its folder holds its
     # validation scores) is read, not run again, so that a bench stopped part way, or given more variants, goes on
     queue, results = [], []
+    recipe = os.path.relpath(args.recipe, REPO_ROOT)
+    earlier = [run for path in args.finished for run in finished_runs(path, recipe, args.minutes)]
     for seed in args.seeds:
         for name, flags in args.variant:
             output_dir = os.path.join(args.runs_dir, folder_name(name, seed))
-            if os.path.isfile(os.path.join(output_dir, "eval_results.json")):
+            listed = [
+                run for run in earlier if (run["variant"], run["flags"], run["seed"]) == (name, shlex.join(flags), seed)
+            ]
+            if listed:
+                results.append(listed[0])
+            elif os.path.isfile(os.path.join(output_dir, "eval_results.json")):
                 results.append({"variant": name, "flags": shlex.join(flags), "seed": seed, **run_result(output_dir)})
             else:
                 queue.append((name, flags, seed))
@@ -128,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
             "validation_bleu_mean": round(statistics.mean(bleus), 2),
             "validation_bleu_spread": round(max(bleus) - min(bleus), 2),
         }
-    setup = {"recipe": os.path.relpath(args.recipe, REPO_ROOT), "minutes": args.minutes, "parallel": args.parallel}
+    setup = {"recipe": recipe, "minutes": args.minutes, "parallel": args.parallel}
     setup["match_steps"] = args.match_steps
     setup["threads_per_run"] = threads
     path = write_results(args.name, {"machine": machine(), **setup, "variants": variants, "runs": results})

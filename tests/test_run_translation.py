@@ -394,6 +394,21 @@ def test_a_run_from_a_local_dataset_folder_by_dataset_name(tmp_path):
     assert AutoTokenizer.from_pretrained(output).get_vocab() == expected and "Ġist" in expected
 
 
+def test_a_run_under_bpe_dropout_saves_the_deterministic_tokenizer_it_evaluated_with(tmp_path):
+    pairs = [(a, b) for a in ("cat", "horse", "bird", "woman") for b in ("water", "snow", "streets")]
+    rows = [{"translation": {"en": f"The {a} sees {b}.", "de": f"{b} sieht {a}."}} for a, b in pairs]
+    data = write_lines(tmp_path / "pairs.jsonl", [json.dumps(row) for row in rows])
+    output = tmp_path / "out"
+    files = ["--train_file", data, "--validation_file", data, "--test_file", data]
+    flags = [*files, "--vocab_size", "300", "--warmup_steps", "1", "--max_steps", "3", "--bpe_dropout", "0.2"]
+    results = run_translation.main([*TINY_MODEL_RUN, *flags, "--output_dir", str(output)])
+    assert (results["train_samples"], results["eval_samples"], results["predict_samples"]) == (12, 12, 12)
+    saved = json.loads((output / "tokenizer.json").read_text())
+    assert saved["model"]["dropout"] is None
+    record = json.loads((output / "all_results.json").read_text())
+    assert record["eval_bleu"] == results["eval_bleu"]
+
+
 @pytest.mark.parametrize("recipe", sorted((REPO_ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.name)
 def test_recipes_list_only_what_differs_from_the_papers_defaults(recipe, tmp_path):
     # bf16's default is None, decided by the hardware: a recipe's true or false always says something

@@ -6,12 +6,19 @@ import unicodedata
 
 import pytest
 import torch
+from datasets import Dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
 from hf_vanilla_transformer import VanillaTransformerConfig
-from hf_vanilla_transformer.training.tokenizer import MIN_VOCAB_SIZE, SPECIAL_TOKENS, train_shared_bpe
+from hf_vanilla_transformer.training.run import tokenize
+from hf_vanilla_transformer.training.tokenizer import (
+    MIN_VOCAB_SIZE,
+    SPECIAL_TOKENS,
+    BPEDropoutCollator,
+    train_shared_bpe,
+)
 from support.models import round_trip, tiny_model
 
 CAPTION_WORDS = (
@@ -160,3 +167,43 @@ def test_split_han_makes_each_chinese_character_one_token_and_stays_lossless(tmp
         assert round_trip(split, text) == text
     split.save_pretrained(tmp_path)
     assert AutoTokenizer.from_pretrained(tmp_path)("我们走吧")["input_ids"] == split("我们走吧")["input_ids"]
+
+
+def bpe_dropout_examples(tokenizer, sentences, max_source_length=64, max_target_length=64):
+    """Rows of a training split tokenized with its text kept, as run_translation.py does under --bpe_dropout."""
+    pairs = Dataset.from_dict({"source": sentences, "target": [sentence[::-1] for sentence in sentences]})
+    return list(tokenize(pairs, tokenizer, max_source_length, max_target_length, keep_text=True))
+
+
+def test_bpe_dropout_0_encodes_training_text_exactly_as_the_split_was_tokenized(tokenizer):
+    examples = bpe_dropout_examples(tokenizer, [*captions(40), " ".join(captions(30))], 24, 16)
+    padding = DataCollatorForSeq2Seq(tokenizer)
+    batch = BPEDropoutCollator(tokenizer, 0.0, padding, 24, 16)(examples)
+    stored = padding([{"input_ids": row["input_ids"], "labels": row["labels"]} for row in examples])
+    assert torch.equal(batch["input_ids"], stored["input_ids"]) and torch.equal(batch["labels"], stored["labels"])
+    assert batch["input_ids"].shape[1] == 24 and batch["labels"].shape[1] == 16  # the long pair, truncated alike
+
+
+def test_bpe_dropout_varies_the_segmentation_of_training_text_and_keeps_it(tokenizer):
+    examples = bpe_dropout_examples(tokenizer, captions(20))
+    before = tokenizer.backend_tokenizer.to_str()
+    collate = BPEDropoutCollator(tokenizer, 0.3, DataCollatorForSeq2Seq(tokenizer), 64, 64)
+    batches = [collate(examples) for _ in range(3)]
+    segmentations = {tuple(batch["input_ids"][0].tolist()) for batch in batches}
+    assert len(segmentations) == 3  # a new draw each time the batch is made
+    for batch in batches:
+        for row, example in zip(batch["input_ids"].tolist(), examples, strict=True):
+            assert tokenizer.decode(row, skip_special_tokens=True) == example["source"]  # the same text, resegmented
+            assert row[len(row) - row[::-1].index(tokenizer.eos_token_id) - 1] == tokenizer.eos_token_id
+        assert batch["input_ids"].shape[1] >= max(len(example["input_ids"]) for example in examples)
+    # the tokenizer the run saves and evaluates with is untouched and still deterministic
+    assert tokenizer.backend_tokenizer.to_str() == before
+    assert tokenizer(examples[0]["source"])["input_ids"] == examples[0]["input_ids"]
+
+
+def test_bpe_dropout_leaves_examples_without_text_as_they_are(tokenizer):
+    examples = [{"input_ids": [5, 6, 2], "labels": [7, 2]}, {"input_ids": [8, 2], "labels": [9, 10, 2]}]
+    padding = DataCollatorForSeq2Seq(tokenizer)
+    batch = BPEDropoutCollator(tokenizer, 0.5, padding, 64, 64)(examples)
+    assert batch["input_ids"].tolist() == padding(examples)["input_ids"].tolist()
+    assert batch["labels"].tolist() == [[7, 2, -100], [9, 10, 2]]

@@ -23,6 +23,8 @@ from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
 from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
 from hf_vanilla_transformer.training.checkpoints import average_checkpoints
+from hf_vanilla_transformer.training.run import tokenize
+from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator, train_shared_bpe
 from hf_vanilla_transformer.training.trainer import (
     BatchSamplerEpoch,
     TranslationTrainer,
@@ -216,6 +218,8 @@ def test_predictions_come_in_dataset_order_even_with_length_grouped_training(tmp
         ({"average_last_checkpoints": 5, "save_total_limit": 2}, "is more than the --save_total_limit 2 checkpoints"),
         ({"max_tokens_per_batch": 500, "train_sampling_strategy": "group_by_length"},
          "--train_sampling_strategy 'group_by_length' has no effect with --max_tokens_per_batch"),
+        ({"bpe_dropout": 0.1}, "--bpe_dropout needs --max_tokens_per_batch"),
+        ({"bpe_dropout": 1.0, "max_tokens_per_batch": 500}, "--bpe_dropout 1.0 must be at least 0 and below 1"),
     ],
 )  # fmt: skip
 def test_training_arguments_that_make_no_sense_together_are_refused(tmp_path, settings, message):
@@ -541,3 +545,27 @@ def test_resuming_never_unpickles_code(tmp_path, state_file):
     with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):
         resumed.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
     assert not marker.exists()
+
+
+def test_bpe_dropout_batches_resegment_the_training_text_each_time_they_are_made(tmp_path):
+    words = ["cats", "dogs", "walking", "running", "slowly"]
+    sentences = [" ".join(random.Random(i).choices(words, k=6)) for i in range(60)]
+    tokenizer = train_shared_bpe(sentences * 5, vocab_size=300)
+    pairs = Dataset.from_dict({"source": sentences, "target": [sentence.upper() for sentence in sentences]})
+    dataset = tokenize(pairs, tokenizer, 64, 64, keep_text=True)
+    model = tiny_model(vocab_size=len(tokenizer))
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, max_tokens_per_batch=200, bpe_dropout=0.3, report_to=[], use_cpu=True
+    )
+    collator = BPEDropoutCollator(tokenizer, args.bpe_dropout, DataCollatorForSeq2Seq(tokenizer, model=model), 64, 64)
+    trainer = TranslationTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+
+    # the same epoch's batches of the same pairs, made twice
+    first, second = list(trainer.get_train_dataloader()), list(trainer.get_train_dataloader())
+    assert set(first[0]) == {"input_ids", "attention_mask", "labels", "decoder_input_ids"}  # no text reaches the model
+    assert [len(batch["input_ids"]) for batch in first] == [len(batch["input_ids"]) for batch in second]
+    assert any(not torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, second, strict=True))
+    decoded = {tokenizer.decode(row, skip_special_tokens=True) for batch in first for row in batch["input_ids"]}
+    assert decoded == set(sentences)
+    trainer.train()
+    assert trainer.state.global_step == 4

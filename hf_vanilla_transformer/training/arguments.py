@@ -57,6 +57,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=None,
         metadata={"help": "Token budget of a training batch, per process and accumulation step (Section 5.1)."},
     )
+    bpe_dropout: float = field(
+        default=0.0,
+        metadata={
+            "help": "BPE-dropout: each merge is skipped with this probability when a training batch is encoded, "
+            "so a word's segmentation varies from epoch to epoch; evaluation and the saved tokenizer segment as "
+            "trained. 0: off, as in the paper. Needs --max_tokens_per_batch."
+        },
+    )
     average_last_checkpoints: int = field(
         default=1, metadata={"help": "Average the weights of the last K checkpoints into the final model (6.1)."}
     )
@@ -105,6 +113,10 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         if kept and averaged > kept:
             raise ValueError(f"--average_last_checkpoints {averaged} is more than the --save_total_limit {kept} "
                              "checkpoints kept")  # fmt: skip
+        if not 0 <= self.bpe_dropout < 1:
+            raise ValueError(f"--bpe_dropout {self.bpe_dropout} must be at least 0 and below 1")
+        if self.bpe_dropout and self.max_tokens_per_batch is None:
+            raise ValueError("--bpe_dropout needs --max_tokens_per_batch, whose batches it encodes as they are taken")
         if self.max_tokens_per_batch is not None and self.train_sampling_strategy != "random":
             raise ValueError(f"--train_sampling_strategy {self.train_sampling_strategy!r} has no effect with "
                              "--max_tokens_per_batch, whose batches are grouped by length and shuffled")  # fmt: skip

@@ -44,7 +44,7 @@ from hf_vanilla_transformer.training.metrics import (
     sacrebleu_bleu,
     score_generated,
 )
-from hf_vanilla_transformer.training.tokenizer import check_tokenizer_fits_model, train_shared_bpe
+from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator, check_tokenizer_fits_model, train_shared_bpe
 from hf_vanilla_transformer.training.trainer import TranslationTrainer, training_is_over
 
 logger = logging.getLogger("run_translation")
@@ -128,11 +128,16 @@ def prepare(model_args, data_args, training_args) -> Run:
         tokenizer.model_max_length = data_args.max_source_length
     with training_args.main_process_first(local=True, desc="tokenizing the data"):
         tokenized = {
-            split: tokenize(dataset, tokenizer, data_args.max_source_length or positions,
-                            data_args.max_target_length or positions, num_proc=data_args.preprocessing_num_workers,
-                            load_from_cache_file=not data_args.overwrite_cache)
+            split: tokenize(
+                dataset,
+                tokenizer,
+                *token_limits(data_args, model),
+                num_proc=data_args.preprocessing_num_workers,
+                load_from_cache_file=not data_args.overwrite_cache,
+                keep_text=split == "train" and training_args.bpe_dropout > 0,
+            )
             for split, dataset in splits.items()
-        }  # fmt: skip
+        }
     return Run(model_args, data_args, training_args, tokenizer, model, splits, tokenized)
 
 
@@ -221,21 +226,28 @@ def load_or_build_model(model_args, tokenizer, attn_implementation: str | None =
 
 
 def tokenize(
-    dataset, tokenizer, max_source_length: int, max_target_length: int, num_proc: int | None = None,
+    dataset,
+    tokenizer,
+    max_source_length: int,
+    max_target_length: int,
+    num_proc: int | None = None,
     load_from_cache_file: bool = True,
-):  # fmt: skip
-    """`input_ids` and `labels` of a split's pairs, with `datasets.map` into its cache. The cache is named by the
-    split's Arrow files, the tokenizer's vocabulary and the lengths, so that a second run on the same data and
-    vocabulary reads it back: `datasets` would otherwise hash the tokenizer object, whose state changes as it is
-    used. No attention mask is stored: the collator makes it from the padding."""
+    keep_text: bool = False,
+):
+    """`input_ids` and `labels` of a split's pairs, with `datasets.map` into its cache, and the `source` and `target`
+    text if `keep_text` (BPE-dropout encodes it again). The cache is named by the split's Arrow files, the
+    tokenizer's vocabulary and the lengths, so that a second run on the same data and vocabulary reads it back:
+    `datasets` would otherwise hash the tokenizer object, whose state changes as it is used. No attention mask is
+    stored: the collator makes it from the padding."""
     vocabulary = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
-    fingerprint = dataset_fingerprint(dataset, TOKENS_FORMAT, vocabulary, max_source_length, max_target_length)
+    settings = (vocabulary, max_source_length, max_target_length, keep_text)
+    fingerprint = dataset_fingerprint(dataset, TOKENS_FORMAT, *settings)
     lengths = {"max_source_length": max_source_length, "max_target_length": max_target_length}
     return dataset.map(
         encode_pairs,
         batched=True,
         fn_kwargs={"tokenizer": tokenizer, **lengths},
-        remove_columns=dataset.column_names,
+        remove_columns=[] if keep_text else dataset.column_names,
         num_proc=num_proc,
         load_from_cache_file=load_from_cache_file,
         new_fingerprint=fingerprint,
@@ -250,6 +262,21 @@ def encode_pairs(batch: dict, tokenizer, max_source_length: int, max_target_leng
     return {"input_ids": features["input_ids"], "labels": labels["input_ids"]}
 
 
+def token_limits(data_args, model) -> tuple[int, int]:
+    """The lengths sources and targets are truncated to: the flags', else the model's positions."""
+    positions = model.config.max_position_embeddings
+    return data_args.max_source_length or positions, data_args.max_target_length or positions
+
+
+def training_collator(run: Run):
+    """Pads batches (transformers' seq2seq collator), after encoding training text again under BPE-dropout."""
+    collator = DataCollatorForSeq2Seq(run.tokenizer, model=run.model)
+    dropout = run.training_args.bpe_dropout
+    if not dropout:
+        return collator
+    return BPEDropoutCollator(run.tokenizer, dropout, collator, *token_limits(run.data_args, run.model))
+
+
 def train_and_evaluate(run: Run) -> dict:
     """Train (unless only evaluating), save the final model, evaluate and predict; write the results, the test
     predictions and the run's record into the output folder. Returns the results."""
@@ -262,7 +289,7 @@ def train_and_evaluate(run: Run) -> dict:
         train_dataset=run.tokenized.get("train"),
         eval_dataset=run.tokenized.get("validation"),
         processing_class=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=run.model),
+        data_collator=training_collator(run),
         compute_metrics=bleu_and_chrf_against(splits["validation"]["target"], tokenizer, metric, **metric_options)
         if "validation" in splits and args.predict_with_generate
         else None,

@@ -22,6 +22,7 @@ Choices, all documented in the README:
   Encoding appends `</s>`; the decoder's `<s>` comes from the model (`decoder_start_token_id`).
 """
 
+import json
 from collections.abc import Iterable
 from typing import Literal
 
@@ -118,3 +119,37 @@ def check_tokenizer_fits_model(tokenizer, config) -> None:
         ids = getattr(tokenizer, name), getattr(config, name)
         if ids[0] is not None and ids[1] is not None and ids[0] != ids[1]:
             raise ValueError(f"the tokenizer's {name} is {ids[0]} but the model config's is {ids[1]}")
+
+
+class BPEDropoutCollator:
+    """BPE-dropout (Provilkov et al., 2020) for training batches: examples that carry their `source` and `target`
+    text are encoded again as they are batched, by a copy of the tokenizer whose BPE skips each merge with
+    probability `dropout` (the `tokenizers` BPE model's own `dropout`), so that a word is seen in many
+    segmentations over the epochs; examples without text (evaluation's) keep their ids. Then `collator` pads.
+
+    The copy is built from the tokenizer's saved form, so the tokenizer itself is left as it was, and it truncates
+    as the split's `input_ids` and `labels` were truncated. `tokenizers` draws the skips from its own unseeded
+    generator: runs with the same seed differ.
+    """
+
+    text_columns = ("source", "target")
+
+    def __init__(self, tokenizer, dropout: float, collator, max_source_length: int, max_target_length: int):
+        state = json.loads(tokenizer.backend_tokenizer.to_str())
+        if state["model"]["type"] != "BPE":
+            raise ValueError(f"BPE-dropout needs a BPE tokenizer; this one's model is {state['model']['type']}")
+        state["model"]["dropout"] = dropout
+        self.sampling = {}
+        for column, max_length in zip(self.text_columns, (max_source_length, max_target_length), strict=True):
+            self.sampling[column] = Tokenizer.from_str(json.dumps(state))
+            self.sampling[column].enable_truncation(max_length)
+        self.collator = collator
+
+    def __call__(self, examples: list[dict]) -> dict:
+        if examples and all(column in examples[0] for column in self.text_columns):
+            source, target = (
+                [encoding.ids for encoding in self.sampling[column].encode_batch([row[column] for row in examples])]
+                for column in self.text_columns
+            )
+            examples = [{"input_ids": ids, "labels": labels} for ids, labels in zip(source, target, strict=True)]
+        return self.collator(examples)

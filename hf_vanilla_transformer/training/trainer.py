@@ -34,6 +34,7 @@ from transformers.trainer_utils import EvalLoopOutput, TrainOutput
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
 from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler, token_counts
 from hf_vanilla_transformer.training.checkpoints import last_checkpoints, load_averaged_checkpoints, rotate_checkpoints
+from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator
 
 logger = logging.getLogger(__name__)
 
@@ -263,10 +264,12 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def model_input_columns(self, dataset):
         """`dataset` with only the columns the model's `forward` takes, and the labels, as the Trainer keeps them
-        with `remove_unused_columns` (its own method for that is private)."""
+        with `remove_unused_columns` (its own method for that is private), and the text BPE-dropout encodes."""
         if not self.args.remove_unused_columns or not isinstance(dataset, datasets.Dataset):
             return dataset
         taken = {*inspect.signature(self.model.forward).parameters, "label", "label_ids", *self.label_names}
+        if isinstance(self.data_collator, BPEDropoutCollator):
+            taken.update(self.data_collator.text_columns)
         return dataset.select_columns([column for column in dataset.column_names if column in taken])
 
     def get_train_dataloader(self) -> DataLoader:
