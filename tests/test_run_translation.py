@@ -20,6 +20,7 @@ from hf_vanilla_transformer.cli import run_translation
 from hf_vanilla_transformer.cli.flags import recipe_flags
 from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
+from hf_vanilla_transformer.training.checkpoints import MOVING_AVERAGE_NAME
 from hf_vanilla_transformer.training.data import file_sentences
 from hf_vanilla_transformer.training.metrics import load_translation_metric
 from hf_vanilla_transformer.training.run import tokenize
@@ -394,19 +395,23 @@ def test_a_run_from_a_local_dataset_folder_by_dataset_name(tmp_path):
     assert AutoTokenizer.from_pretrained(output).get_vocab() == expected and "Ġist" in expected
 
 
-def test_a_run_under_bpe_dropout_saves_the_deterministic_tokenizer_it_evaluated_with(tmp_path):
+def test_a_run_with_bpe_dropout_and_a_moving_average_saves_the_tokenizer_and_the_average(tmp_path):
     pairs = [(a, b) for a in ("cat", "horse", "bird", "woman") for b in ("water", "snow", "streets")]
     rows = [{"translation": {"en": f"The {a} sees {b}.", "de": f"{b} sieht {a}."}} for a, b in pairs]
     data = write_lines(tmp_path / "pairs.jsonl", [json.dumps(row) for row in rows])
     output = tmp_path / "out"
     files = ["--train_file", data, "--validation_file", data, "--test_file", data]
     flags = [*files, "--vocab_size", "300", "--warmup_steps", "1", "--max_steps", "3", "--bpe_dropout", "0.2"]
-    results = run_translation.main([*TINY_MODEL_RUN, *flags, "--output_dir", str(output)])
+    results = run_translation.main([*TINY_MODEL_RUN, *flags, "--ema_decay", "0.9", "--output_dir", str(output)])
     assert (results["train_samples"], results["eval_samples"], results["predict_samples"]) == (12, 12, 12)
-    saved = json.loads((output / "tokenizer.json").read_text())
-    assert saved["model"]["dropout"] is None
-    record = json.loads((output / "all_results.json").read_text())
-    assert record["eval_bleu"] == results["eval_bleu"]
+    assert json.loads((output / "tokenizer.json").read_text())["model"]["dropout"] is None  # evaluation's segmentation
+    average = load_file(output / "checkpoint-3" / MOVING_AVERAGE_NAME)
+    saved = load_file(output / "model.safetensors")
+    tensors = {name.removeprefix("module."): tensor for name, tensor in average.items() if name != "n_averaged"}
+    tensors["model.shared.weight"] = tensors.pop("lm_head.weight")  # the tied table, saved under another name
+    assert saved.keys() == tensors.keys() and all(torch.equal(saved[name], tensors[name]) for name in saved)
+    card = (output / "README.md").read_text()
+    assert "BPE-dropout: 0.2" in card and "moving average of the weights: decay 0.9, the final model" in card
 
 
 @pytest.mark.parametrize("recipe", sorted((REPO_ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.name)

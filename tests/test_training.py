@@ -22,7 +22,7 @@ from transformers import (
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
 from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
-from hf_vanilla_transformer.training.checkpoints import average_checkpoints
+from hf_vanilla_transformer.training.checkpoints import MOVING_AVERAGE_NAME, average_checkpoints
 from hf_vanilla_transformer.training.run import tokenize
 from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator, train_shared_bpe
 from hf_vanilla_transformer.training.trainer import (
@@ -219,6 +219,9 @@ def test_predictions_come_in_dataset_order_even_with_length_grouped_training(tmp
         ({"max_tokens_per_batch": 500, "train_sampling_strategy": "group_by_length"},
          "--train_sampling_strategy 'group_by_length' has no effect with --max_tokens_per_batch"),
         ({"bpe_dropout": 0.1}, "--bpe_dropout needs --max_tokens_per_batch"),
+        ({"ema_decay": 1.0}, "--ema_decay 1.0 must be above 0 and below 1"),
+        ({"ema_decay": 0.99, "average_last_checkpoints": 3}, "--ema_decay and --average_last_checkpoints 3"),
+        ({"ema_decay": 0.99, "save_strategy": "no"}, "--ema_decay needs checkpoints"),
         ({"bpe_dropout": 1.0, "max_tokens_per_batch": 500}, "--bpe_dropout 1.0 must be at least 0 and below 1"),
     ],
 )  # fmt: skip
@@ -569,3 +572,44 @@ def test_bpe_dropout_batches_resegment_the_training_text_each_time_they_are_made
     assert decoded == set(sentences)
     trainer.train()
     assert trainer.state.global_step == 4
+
+
+def test_the_moving_average_of_the_weights_is_the_final_model_and_goes_on_from_a_checkpoint(tmp_path):
+    dataset, collator = random_token_dataset(64, seed=2), DataCollatorForSeq2Seq(letter_tokenizer(), model=tiny_model())
+    options = {"per_device_train_batch_size": 4, "report_to": [], "use_cpu": True, "disable_tqdm": True}
+
+    class RecordWeights(TrainerCallback):
+        def __init__(self):
+            self.steps = []
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            self.steps.append({name: value.detach().clone() for name, value in model.named_parameters()})
+
+    def trainer(output_dir, callbacks=(), **settings):
+        settings = {"max_steps": 8, "save_steps": 4, "ema_decay": 0.7, "warmup_steps": 2, **options, **settings}
+        args = TranslationTrainingArguments(output_dir=str(output_dir), **settings)
+        model = tiny_model()
+        return TranslationTrainer(model, args, train_dataset=dataset, data_collator=collator, callbacks=list(callbacks))
+
+    record = RecordWeights()
+    whole = trainer(tmp_path / "whole", [record], keep_checkpoints=True)
+    whole.train()
+    expected = record.steps[0]  # the first step's weights, then average = 0.7 average + 0.3 weights
+    for weights in record.steps[1:]:
+        expected = {name: 0.7 * expected[name] + 0.3 * weights[name] for name in expected}
+    whole.save_final_model()
+    final = dict(whole.model.named_parameters())
+    assert len(record.steps) == 8 and all(torch.allclose(final[k], expected[k], atol=1e-6) for k in expected)
+    assert not all(torch.equal(final[k], record.steps[-1][k]) for k in expected)  # not the last step's weights
+    assert (tmp_path / "whole" / "checkpoint-8" / MOVING_AVERAGE_NAME).is_file()
+
+    # resumed from step 4's checkpoint, the average goes on from the one saved there and ends where it did
+    resumed = trainer(tmp_path / "whole", keep_checkpoints=True)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-4"))
+    resumed.save_final_model()
+    state, reference = resumed.model.state_dict(), whole.model.state_dict()
+    assert all(torch.allclose(state[k], reference[k], atol=1e-7) for k in reference)
+
+    trainer(tmp_path / "plain", max_steps=4, ema_decay=None).train()
+    with pytest.raises(ValueError, match="checkpoint-4: no moving average of the weights to go on from"):
+        trainer(tmp_path / "plain").train(resume_from_checkpoint=str(tmp_path / "plain" / "checkpoint-4"))

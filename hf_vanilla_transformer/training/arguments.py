@@ -68,6 +68,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     average_last_checkpoints: int = field(
         default=1, metadata={"help": "Average the weights of the last K checkpoints into the final model (6.1)."}
     )
+    ema_decay: float | None = field(
+        default=None,
+        metadata={
+            "help": "Keep an exponential moving average of the weights, updated after every step with this decay "
+            "(e.g. 0.999), saved in each checkpoint, and make it the final model instead of an average of "
+            "checkpoints (--average_last_checkpoints must be 1). Default: none (Section 6.1 averages checkpoints)."
+        },
+    )
     max_train_minutes: float | None = field(
         default=None,
         metadata={"help": "Stop training (after saving a checkpoint) once this much training time has passed "
@@ -113,6 +121,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         if kept and averaged > kept:
             raise ValueError(f"--average_last_checkpoints {averaged} is more than the --save_total_limit {kept} "
                              "checkpoints kept")  # fmt: skip
+        if self.ema_decay is not None:
+            if not 0 < self.ema_decay < 1:
+                raise ValueError(f"--ema_decay {self.ema_decay} must be above 0 and below 1")
+            if averaged > 1:
+                message = f"--ema_decay and --average_last_checkpoints {averaged}: the final model is one or the other"
+                raise ValueError(message)
+            if self.save_strategy == "no":
+                raise ValueError("--ema_decay needs checkpoints, which carry the average, and --save_strategy is 'no'")
         if not 0 <= self.bpe_dropout < 1:
             raise ValueError(f"--bpe_dropout {self.bpe_dropout} must be at least 0 and below 1")
         if self.bpe_dropout and self.max_tokens_per_batch is None:

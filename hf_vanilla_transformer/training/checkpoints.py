@@ -14,8 +14,10 @@ import re
 import shutil
 from collections.abc import Sequence
 
+import safetensors.torch
 import torch
 from safetensors.torch import load_file
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from transformers.trainer import TRAINER_STATE_NAME
 
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
@@ -24,6 +26,7 @@ from hf_vanilla_transformer.loading import WEIGHTS_NAME, load_model, load_tokeni
 logger = logging.getLogger(__name__)
 
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+MOVING_AVERAGE_NAME = "moving_average.safetensors"  # a checkpoint's average of the weights, under --ema_decay
 BEING_DELETED = ".deleting-"  # the prefix a checkpoint folder is renamed to before its files are deleted
 
 
@@ -142,6 +145,19 @@ def load_averaged_checkpoints(model: torch.nn.Module, folders: Sequence[str]) ->
     if unexpected or set(missing) - tied:
         missing = sorted(set(missing) - tied)
         raise ValueError(f"checkpoints do not fit the model: missing {missing}, unexpected {unexpected}")
+
+
+def moving_average(model: torch.nn.Module, decay: float) -> AveragedModel:
+    """An exponential moving average of `model`'s weights (torch's `AveragedModel` with its EMA rule: average =
+    decay * average + (1 - decay) * weights, from the first update's weights on), on a copy of the model."""
+    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))
+
+
+def load_moving_average(model: torch.nn.Module, folder: str) -> None:
+    """Replace `model`'s weights with the moving average a checkpoint `folder` holds (`MOVING_AVERAGE_NAME`)."""
+    average = moving_average(model, decay=0.5)  # the decay is not stored: loading only needs the shapes
+    safetensors.torch.load_model(average, os.path.join(folder, MOVING_AVERAGE_NAME))
+    model.load_state_dict(average.module.state_dict())
 
 
 def write_averaged_model(model_dir: str, last: int, output_dir: str, overwrite_output_dir: bool = False) -> list[str]:

@@ -396,6 +396,11 @@ def training_table(
     equation = f" (Equation 3 × {scale:g})" if from_equation_3 else ""
     max_tokens = args.max_tokens_per_batch
     averaged = args.average_last_checkpoints
+    options = {}  # the variants of the paper's recipe a run used
+    if args.ema_decay is not None:
+        options["moving average of the weights"] = f"decay {args.ema_decay:g}, the final model"
+    if args.bpe_dropout:
+        options["BPE-dropout"] = args.bpe_dropout
     return {
         "data": data,
         "training pairs": "—" if training_pairs is None else training_pairs,
@@ -409,4 +414,4 @@ def training_table(
         "steps": steps,
         "training time": "—" if training_seconds is None else f"{training_seconds / 60:.1f} minutes",
         "hardware": describe_hardware(),
-    }
+    } | options

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sized
 from contextlib import contextmanager
 
 import datasets
+import safetensors.torch
 import torch
 from accelerate.utils import broadcast
 from torch.utils.data import DataLoader
@@ -29,11 +30,19 @@ from transformers import (
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState, TrainerState
 from transformers.trainer_pt_utils import nested_truncate
-from transformers.trainer_utils import EvalLoopOutput, TrainOutput
+from transformers.trainer_utils import EvalLoopOutput, TrainOutput, get_last_checkpoint
 
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
 from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler, token_counts
-from hf_vanilla_transformer.training.checkpoints import last_checkpoints, load_averaged_checkpoints, rotate_checkpoints
+from hf_vanilla_transformer.training.checkpoints import (
+    CHECKPOINT,
+    MOVING_AVERAGE_NAME,
+    last_checkpoints,
+    load_averaged_checkpoints,
+    load_moving_average,
+    moving_average,
+    rotate_checkpoints,
+)
 from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator
 
 logger = logging.getLogger(__name__)
@@ -182,6 +191,29 @@ class BatchSamplerEpoch(TrainerCallback):
             self.sampler.set_epoch(int(state.epoch or 0))  # e + the fraction done: e for an epoch begun or resumed
 
 
+class MovingAverageCallback(TrainerCallback):
+    """An exponential moving average of the weights (`moving_average`), updated after every optimizer step: an
+    alternative to Section 6.1's average of the last checkpoints. `TranslationTrainer` saves it in each checkpoint
+    (`MOVING_AVERAGE_NAME`, before the checkpoint's trainer state, so a complete checkpoint holds it), continues it
+    from the checkpoint a run resumes from (`resume_from`), and makes the last checkpoint's the final model."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.average = None
+        self.resume_from = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.average = moving_average(model, self.decay)
+        if self.resume_from is not None:
+            safetensors.torch.load_model(self.average, os.path.join(self.resume_from, MOVING_AVERAGE_NAME))
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.average.update_parameters(model)
+
+    def save(self, folder: str) -> None:
+        safetensors.torch.save_model(self.average, os.path.join(folder, MOVING_AVERAGE_NAME))
+
+
 @contextmanager
 def autocast_off(model: torch.nn.Module, device_type: str) -> Iterator[None]:
     """Run `model`'s submodules with autocast off, also inside the autocast that accelerate wraps the model's own
@@ -247,6 +279,10 @@ class TranslationTrainer(Seq2SeqTrainer):
             self.add_callback(time_limit)
             if minutes is not None and self.pop_callback(ProgressCallback) is not None:
                 self.add_callback(TimeBudgetProgressCallback(time_limit))
+        self.moving_average = None
+        if isinstance(self.args, TranslationTrainingArguments) and self.args.ema_decay is not None:
+            self.moving_average = MovingAverageCallback(self.args.ema_decay)
+            self.add_callback(self.moving_average)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs) -> TrainOutput:
         """`Trainer.train`, refusing a checkpoint at which training is over (`training_is_over`): transformers would
@@ -260,7 +296,23 @@ class TranslationTrainer(Seq2SeqTrainer):
         ):
             raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint}: training is over there (max_steps "
                              "reached or the time budget spent); save_final_model(it) saves its model")  # fmt: skip
+        if self.moving_average is not None:  # the checkpoint transformers resumes from, where the average goes on
+            resumed = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else checkpoint
+            if resumed is not None and not os.path.isfile(os.path.join(resumed, MOVING_AVERAGE_NAME)):
+                missing = f"{MOVING_AVERAGE_NAME}: its run had no --ema_decay"
+                raise ValueError(
+                    f"resume_from_checkpoint {resumed}: no moving average of the weights to go on from, {missing}"
+                )
+            self.moving_average.resume_from = resumed
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def save_model(self, output_dir: str | None = None, *args, **kwargs) -> None:
+        """`Trainer.save_model`, which the Trainer also calls first when it writes a checkpoint: there, the moving
+        average of the weights goes in beside the model, before the trainer state that completes the checkpoint."""
+        super().save_model(output_dir, *args, **kwargs)
+        checkpoint = output_dir is not None and CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(output_dir)))
+        if self.moving_average is not None and checkpoint and self.args.should_save:
+            self.moving_average.save(output_dir)
 
     def model_input_columns(self, dataset):
         """`dataset` with only the columns the model's `forward` takes, and the labels, as the Trainer keeps them
@@ -359,7 +411,8 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def save_final_model(self, finished_checkpoint: str | None = None) -> TrainerState:
         """Save the trained model in `args.output_dir`, averaged (Section 6.1) when `args.average_last_checkpoints`
-        asks, with the trainer state; then delete the checkpoints but the last, unless `args.keep_checkpoints`.
+        asks, or the moving average of the weights under `args.ema_decay`, with the trainer state; then delete the
+        checkpoints but the last, unless `args.keep_checkpoints`.
         Returns the trainer state saved.
 
         `finished_checkpoint`: a checkpoint at which training was already over (`training_is_over`), for a run
@@ -382,8 +435,12 @@ class TranslationTrainer(Seq2SeqTrainer):
             # weights the main process sends it. The wait: on a shared disk, every process has looked for a saved
             # model (above) before the main process saves one.
             self.accelerator.wait_for_everyone()
-            if count > 1 or finished_checkpoint is not None:
-                if self.is_world_process_zero():
+            if self.moving_average is not None or count > 1 or finished_checkpoint is not None:
+                if self.is_world_process_zero() and self.moving_average is not None:
+                    newest = finished_checkpoint or last_checkpoints(output_dir, 1)[0]
+                    logger.info("The moving average of the weights in %s", os.path.basename(newest))
+                    load_moving_average(self.model, newest)
+                elif self.is_world_process_zero():
                     folders = last_checkpoints(output_dir, count)
                     if len(folders) < count:
                         logger.warning("Only %d checkpoints to average (asked for %d)", len(folders), count)
