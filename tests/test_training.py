@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.cli import run_translation
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
 from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
 from hf_vanilla_transformer.training.checkpoints import MOVING_AVERAGE_NAME, average_checkpoints
@@ -39,6 +40,7 @@ from support.models import (
     tiny_config,
     tiny_model,
 )
+from support.paths import REPO_ROOT
 
 
 def lengths(count: int, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -364,6 +366,24 @@ def test_the_trainer_takes_equation_3s_peak_unless_a_learning_rate_is_given(tmp_
     assert trainer(learning_rate=1e-3, learning_rate_scale=2.0).args.learning_rate == 1e-3
     with pytest.raises(ValueError, match=r"warmup_steps 0.1 must be a whole number of steps"):
         trainer(warmup_steps=0.1)
+
+
+def test_the_main_recipes_weight_decay_shrinks_every_matrix_but_no_bias_or_layer_norm(tmp_path):
+    recipe = str(REPO_ROOT / "recipes" / "multi30k_small.yaml")
+    _, _, args = run_translation.parse_arguments([recipe, "--output_dir", str(tmp_path), "--bf16", "false"])
+    model = tiny_model()
+    trainer = TranslationTrainer(model=model, args=args)
+    optimizer = trainer.create_optimizer()
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)  # Adam's own step is then zero: what moves is the decay alone
+    optimizer.step()
+    shrunk = {name for name, parameter in model.named_parameters() if not torch.equal(parameter, before[name])}
+    kept = {name for name in before if name.endswith("bias") or "layer_norm" in name}
+    assert shrunk == set(before) - kept and kept
+    assert "model.shared.weight" in shrunk
+    factor = 1 - args.learning_rate * 0.1
+    assert torch.allclose(model.model.shared.weight, before["model.shared.weight"] * factor)
 
 
 @pytest.mark.parametrize("keep_checkpoints", [False, True])
