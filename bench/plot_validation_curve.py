@@ -74,12 +74,15 @@ def main():
 
     figure, axes = plt.subplots(figsize=(7, 4.2), dpi=120)
     colors = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+    best_final = max(final[1] for _, final, _ in curves.values())
     for (label, (points, final, final_label)), color in zip(curves.items(), colors, strict=False):
         minutes, bleu = zip(*points, strict=True)
         axes.plot(minutes, bleu, marker="o", color=color, label=label)
         axes.plot([minutes[-1], final[0]], [bleu[-1], final[1]], linestyle=":", color=color)
         axes.plot(*final, marker="*", markersize=14, color=color, linestyle="none")
-        where = {"textcoords": "offset points", "xytext": (-12, 0), "ha": "right", "va": "center"}
+        # the best final score's label above its star, the others' below, so that close finishes stay legible
+        rise = 8 if final[1] == best_final else -8
+        where = {"textcoords": "offset points", "xytext": (-12, rise), "ha": "right", "va": "center"}
         axes.annotate(f"{final[1]:.1f} ({final_label})", final, color=color, **where)
     axes.set_xlabel("training time, minutes (evaluation not counted)")
     axes.set_ylabel("validation BLEU (sacreBLEU, 13a)")
