@@ -382,7 +382,8 @@ def test_the_main_recipes_weight_decay_shrinks_every_matrix_but_no_bias_or_layer
     kept = {name for name in before if name.endswith("bias") or "layer_norm" in name}
     assert shrunk == set(before) - kept and kept
     assert "model.shared.weight" in shrunk
-    factor = 1 - args.learning_rate * 0.1
+    assert args.weight_decay == 0.1
+    factor = 1 - args.learning_rate * args.weight_decay
     assert torch.allclose(model.model.shared.weight, before["model.shared.weight"] * factor)
 
 
