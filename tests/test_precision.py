@@ -2,6 +2,9 @@
 vanilla-translate chooses, and training under bfloat16 autocast with eager attention."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_vanilla_transformer.cli import run_translation
-from hf_vanilla_transformer.hardware import cpu_has_bf16_units
+from hf_vanilla_transformer.hardware import ONEDNN_KERNELS_KEPT, cpu_has_bf16_units
 from hf_vanilla_transformer.tools.translate import load_translator, translate_lines, translation_dtype
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
 from hf_vanilla_transformer.training.run import prepare, train_and_evaluate
@@ -73,7 +76,11 @@ def test_training_is_bfloat16_by_default_exactly_on_a_cpu_with_bf16_units(bf16_u
 
 
 @pytest.mark.parametrize("flags", [[], ["--bf16", "false"], ["--attn_implementation", "sdpa"]], ids=" ".join)
-def test_a_run_trains_in_bfloat16_with_eager_attention_exactly_on_a_cpu_with_bf16_units(bf16_units, flags, tmp_path):
+def test_a_run_trains_in_bfloat16_with_eager_attention_exactly_on_a_cpu_with_bf16_units(
+    bf16_units, flags, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "")  # so that the variable the run sets goes with the test
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
     rows = [{"en": f"The {a} is {b}.", "de": f"Die {c} ist {d}."} for a, c in (("cat", "Katze"), ("dog", "Hund"),
             ("bird", "Vogel")) for b, d in (("small", "klein"), ("big", "groß"), ("old", "alt"))]  # fmt: skip
     folder = write_dataset(tmp_path / "data", {"train": rows, "test": rows[:3]})
@@ -82,6 +89,7 @@ def test_a_run_trains_in_bfloat16_with_eager_attention_exactly_on_a_cpu_with_bf1
         *TINY_MODEL_RUN, "--dataset_name", folder, "--vocab_size", "300", "--max_steps", "3", "--warmup_steps", "1",
         "--do_eval", "false", "--output_dir", str(output), *flags,
     ]))  # fmt: skip
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNELS_KEPT)  # before the first product
     bf16 = bf16_units and flags != ["--bf16", "false"]
     eager = bf16 and not flags
     encoded = run.tokenizer(["The cat is small."], return_tensors="pt")
@@ -100,3 +108,36 @@ def test_a_run_trains_in_bfloat16_with_eager_attention_exactly_on_a_cpu_with_bf1
         "bfloat16 autocast, float32 weights (saved in float32)" if bf16 else "float32"
     )
     assert "_attn_implementation" not in json.loads((output / "config.json").read_text())
+
+
+# In a process of its own, whose oneDNN has built no kernel yet: bfloat16 products of more shapes than oneDNN keeps by
+# default, twice over; in the second round oneDNN prints a line for each kernel it builds ("cache_miss") or finds kept
+SHAPES_TWICE = """
+import torch
+from hf_vanilla_transformer.hardware import keep_more_onednn_kernels
+keep_more_onednn_kernels()
+weights = torch.ones(16, 16, dtype=torch.bfloat16)
+for rows in range(2, 1202):
+    torch.ones(rows, 16, dtype=torch.bfloat16) @ weights
+with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON_CREATION):
+    for rows in range(2, 1202):
+        torch.ones(rows, 16, dtype=torch.bfloat16) @ weights
+"""
+
+
+@pytest.mark.parametrize("capacity", [None, "1024"], ids=["ours", "the user's"])
+def test_onednn_keeps_the_kernels_of_every_batch_shape_unless_the_user_says_otherwise(capacity):
+    environment = {key: value for key, value in os.environ.items() if key != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    if capacity is not None:
+        environment["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = capacity
+    second_round = subprocess.run(
+        [sys.executable, "-c", SHAPES_TWICE], env=environment, capture_output=True, text=True, check=True
+    ).stdout
+    built, found = second_round.count("create:cache_miss"), second_round.count("create:cache_hit")
+    if built + found == 0:
+        pytest.skip("torch multiplies bfloat16 without oneDNN on this CPU: there are no kernels to keep")
+    # ours keeps every shape's kernel from the first round; with 1,024 kept, the second round builds them all again
+    if capacity is None:
+        assert built == 0 and found > 1000, (built, found)
+    else:
+        assert found == 0 and built > 1000, (built, found)

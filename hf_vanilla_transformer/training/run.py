@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
-from hf_vanilla_transformer.hardware import describe_hardware
+from hf_vanilla_transformer.hardware import describe_hardware, keep_more_onednn_kernels
 from hf_vanilla_transformer.loading import RUN_RECORD, load_model, load_tokenizer
 from hf_vanilla_transformer.model.configuration_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
@@ -96,6 +96,7 @@ def prepare(model_args, data_args, training_args) -> Run:
         raise ValueError("--push_to_hub needs --hub_model_id (for example your-name/multi30k-en-de)")
     sacrebleu_bleu(bleu_tokenization(data_args.target_lang, data_args.bleu_tokenize))  # fails now, not after training
     set_seed(training_args.seed)
+    keep_more_onednn_kernels()
 
     wanted = {"train": training_args.do_train, "validation": training_args.do_eval, "test": training_args.do_predict}
     for split, file_flag, _ in SPLITS:
