@@ -81,13 +81,19 @@ def measured(command: list[str], log: str) -> dict:
     if process.returncode != 0:
         sys.exit(f"{' '.join(command)} failed; see {log}")
     rss, anonymous, proportional = (round(peak / 2**20) for peak in peaks)
-    return {"seconds": round(time.perf_counter() - start, 1), "peak_rss_mib": rss, "peak_anonymous_rss_mib": anonymous,
-            "peak_anonymous_pss_mib": proportional, "phases": phases}  # fmt: skip
+    return {
+        "seconds": round(time.perf_counter() - start, 1),
+        "peak_rss_mib": rss,
+        "peak_anonymous_rss_mib": anonymous,
+        "peak_anonymous_pss_mib": proportional,
+        "phases": phases,
+    }
 
 
 def disk_mib(folder: str) -> int:
-    return round(sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder)
-                     for name in names) / 2**20)  # fmt: skip
+    return round(
+        sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder) for name in names) / 2**20
+    )
 
 
 def main() -> None:
@@ -95,8 +101,13 @@ def main() -> None:
     parser.add_argument("--corpus", required=True, help="Translation JSON lines (bench/make_big_corpus.py).")
     parser.add_argument("--work", required=True, help="A folder for the caches and runs (emptied first).")
     parser.add_argument("--runs", choices=["both", "ours"], default="both")
-    parser.add_argument("--starts", nargs="+", choices=["cold", "warm"], default=["cold", "warm"],
-                        help="warm alone: again on the caches an earlier cold start left in --work")  # fmt: skip
+    parser.add_argument(
+        "--starts",
+        nargs="+",
+        choices=["cold", "warm"],
+        default=["cold", "warm"],
+        help="warm alone: again on the caches an earlier cold start left in --work",
+    )
     parser.add_argument("--tokenizer_name", help="A BPE for every run (default: ours trains one, stock takes it).")
     parser.add_argument("--preprocessing_num_workers", type=int)
     parser.add_argument("--vocab_size", default="8000", help="The BPE ours learns (the WMT 2014 recipe's: 37000).")
@@ -106,25 +117,57 @@ def main() -> None:
         os.makedirs(args.work)
     with open(args.corpus, "rb") as corpus:
         pairs = sum(1 for _ in corpus)
-    workers = [] if args.preprocessing_num_workers is None else ["--preprocessing_num_workers",
-                                                                 str(args.preprocessing_num_workers)]  # fmt: skip
+    workers = (
+        []
+        if args.preprocessing_num_workers is None
+        else ["--preprocessing_num_workers", str(args.preprocessing_num_workers)]
+    )
     common = ["--train_file", os.path.abspath(args.corpus), "--max_steps", "2", *workers]
 
     def ours(run: str) -> list[str]:
         given = args.tokenizer_name
         vocabulary = ["--tokenizer_name", given] if given else ["--vocab_size", args.vocab_size]
-        return [sys.executable, "run_translation.py", *common, "--source_lang", "en", "--target_lang", "de",
-                "--preset", "small", "--do_train", *vocabulary, "--cache_dir", os.path.join(args.work, "ours-cache"),
-                "--output_dir", os.path.join(args.work, run), "--overwrite_output_dir", "true",
-                "--use_cpu", "true", "--report_to", "none"]  # fmt: skip
+        return [
+            sys.executable,
+            "run_translation.py",
+            *common,
+            "--source_lang",
+            "en",
+            "--target_lang",
+            "de",
+            "--preset",
+            "small",
+            "--do_train",
+            *vocabulary,
+            "--cache_dir",
+            os.path.join(args.work, "ours-cache"),
+            "--output_dir",
+            os.path.join(args.work, run),
+            "--overwrite_output_dir",
+            "true",
+            "--use_cpu",
+            "true",
+            "--report_to",
+            "none",
+        ]
 
     def stock(run: str) -> list[str]:
-        return [sys.executable, "-m", "bench.stock_data_path", *common, "--tokenizer_name", tokenizer,
-                "--cache_dir", os.path.join(args.work, "stock-cache"),
-                "--output_dir", os.path.join(args.work, run)]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "bench.stock_data_path",
+            *common,
+            "--tokenizer_name",
+            tokenizer,
+            "--cache_dir",
+            os.path.join(args.work, "stock-cache"),
+            "--output_dir",
+            os.path.join(args.work, run),
+        ]
 
-    name = f"big_data_{pairs}" + ("" if args.preprocessing_num_workers is None else
-                                  f"_workers{args.preprocessing_num_workers}")  # fmt: skip
+    name = f"big_data_{pairs}" + (
+        "" if args.preprocessing_num_workers is None else f"_workers{args.preprocessing_num_workers}"
+    )
     results_file = os.path.join(REPO_ROOT, "bench", "results", f"{name}.json")
     results = {}
     if "cold" not in args.starts and os.path.isfile(results_file):

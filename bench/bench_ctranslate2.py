@@ -63,9 +63,11 @@ def marian_exports(model_path: str, folder: str) -> dict[str, str]:
     vocab = {token: index for index, token in enumerate(tokens)}
     marian_tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token=tokenizer.unk_token)),
-        bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token, unk_token=tokenizer.unk_token,
+        bos_token=tokenizer.bos_token,
+        eos_token=tokenizer.eos_token,
+        unk_token=tokenizer.unk_token,
         pad_token=tokenizer.pad_token,
-    )  # fmt: skip
+    )
     shape = copy.deepcopy(ours.config)
     shape.pad_token_id = shape.decoder_start_token_id = vocab[tokenizer.pad_token]
     shape.eos_token_id = vocab[tokenizer.eos_token]
@@ -147,8 +149,11 @@ def translate_worker(system: str, folder: str, batch_size: int, count: int, comp
     translate_lines(translator, sources[:batch_size], batch_size, {}, show_progress=False)
     start = time.perf_counter()
     translations = translate_lines(translator, sources, batch_size, {}, show_progress=False)
-    return {"seconds": time.perf_counter() - start, "translations": translations,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+    return {
+        "seconds": time.perf_counter() - start,
+        "translations": translations,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def fixed_length_worker(folders: dict[str, str], batch_size: int, new_tokens: int, passes: int) -> dict:
@@ -166,9 +171,13 @@ def fixed_length_worker(folders: dict[str, str], batch_size: int, new_tokens: in
 
     def run(name, selection):
         translators[name].translator.translate_batch(
-            selection, beam_size=4, length_penalty=0.6, min_decoding_length=new_tokens,
-            max_decoding_length=new_tokens, max_batch_size=batch_size,
-        )  # fmt: skip
+            selection,
+            beam_size=4,
+            length_penalty=0.6,
+            min_decoding_length=new_tokens,
+            max_decoding_length=new_tokens,
+            max_batch_size=batch_size,
+        )
 
     names = list(translators)
     for name in names:
@@ -251,9 +260,11 @@ def fixed_length_figures(args, exports: dict[str, str], batch_size: int) -> dict
             figures[system]["ours_over_marian"] = {
                 "wall": round(mean("wall_seconds", peer) / mean("wall_seconds", system), 3),
                 "cpu": round(mean("cpu_seconds", peer) / mean("cpu_seconds", system), 3),
-                "median_chunk": round(statistics.median(
-                    theirs / mine for theirs, mine in zip(chunks(peer), chunks(system), strict=True)), 3),
-            }  # fmt: skip
+                "median_chunk": round(
+                    statistics.median(theirs / mine for theirs, mine in zip(chunks(peer), chunks(system), strict=True)),
+                    3,
+                ),
+            }
         if len(names) == 2:  # the control: equal work, so any difference is the measurement's
             first, second = (measured["wall_seconds"][name] for name in names)
             figures[system]["second_copy_over_first"] = round(first / second, 3)
@@ -287,22 +298,32 @@ def main() -> None:
         return
 
     references = [target for _, target in multi30k_test_pairs()]
-    results = {"machine": machine(), "model": args.model, "sentences": len(references),
-               "repetitions": args.repetitions, "translate": {}, "fixed_length": {}}  # fmt: skip
+    results = {
+        "machine": machine(),
+        "model": args.model,
+        "sentences": len(references),
+        "repetitions": args.repetitions,
+        "translate": {},
+        "fixed_length": {},
+    }
     with tempfile.TemporaryDirectory() as folder:
         ours = {q: export(args.model, os.path.join(folder, f"ours-{q}"), q) for q in QUANTIZATIONS}
         marian = marian_exports(args.model, folder)
         trained = trained_marian_exports(args.marian, args.model, folder) if os.path.isdir(args.marian) else {}
         translate_exports = {
             "ours generate()": ("generate", args.model),
-            **{f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
-               for system, exports in (("ours", ours), ("Marian", trained)) for q in exports},
-        }  # fmt: skip
+            **{
+                f"{system} CTranslate2 {q}": ("ctranslate2", exports[q])
+                for system, exports in (("ours", ours), ("Marian", trained))
+                for q in exports
+            },
+        }
         fixed_length_exports = {  # each twice: the control, and a mean over where the weights land in memory
             f"{system} CTranslate2 {q}{copy}": exports[q]
-            for system, exports in (("ours", ours), ("Marian", marian)) for q in QUANTIZATIONS
+            for system, exports in (("ours", ours), ("Marian", marian))
+            for q in QUANTIZATIONS
             for copy in ("", ", again")
-        }  # fmt: skip
+        }
         for mode in args.modes:
             for batch_size in args.batch_sizes:
                 if mode == "translate":

@@ -40,8 +40,13 @@ def main():
         score = metric.compute(predictions=output, references=references, target_language="de")
         scores[name] = {key: score[key] for key in ("bleu", "chrf", "bleu_signature", "chrf_signature")}
     identical = sum(a == b for a, b in zip(outputs["ours"], outputs["marian_export"], strict=True))
-    results = {"machine": machine(), "model": args.model, "sentences": len(sources),
-               "identical_translations": identical, **scores}  # fmt: skip
+    results = {
+        "machine": machine(),
+        "model": args.model,
+        "sentences": len(sources),
+        "identical_translations": identical,
+        **scores,
+    }
     print(results)
     print("wrote", write_results("marian_export", results))
 

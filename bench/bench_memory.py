@@ -76,12 +76,22 @@ def main():
     rows = []
     for preset in args.presets:
         for checkpointing in ("off", "on"):
-            command = [sys.executable, "-m", "bench.bench_memory", "--child", preset, checkpointing,
-                       "--max_tokens", str(args.max_tokens)]  # fmt: skip
+            command = [
+                sys.executable,
+                "-m",
+                "bench.bench_memory",
+                "--child",
+                preset,
+                checkpointing,
+                "--max_tokens",
+                str(args.max_tokens),
+            ]
             output = subprocess.run(command, capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
             rows.append(json.loads(output.strip().splitlines()[-1]))
-    print(f"{'preset':<8} {'checkpointing':>13} {'parameters':>12} {'RSS built':>10} {'peak RSS':>9} "
-          f"{'saved for backward':>19} {'step s':>7}")  # fmt: skip
+    print(
+        f"{'preset':<8} {'checkpointing':>13} {'parameters':>12} {'RSS built':>10} {'peak RSS':>9} "
+        f"{'saved for backward':>19} {'step s':>7}"
+    )
     for row in rows:
         print(
             f"{row['preset']:<8} {'on' if row['gradient_checkpointing'] else 'off':>13} {row['parameters']:>12,} "

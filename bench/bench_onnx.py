@@ -52,8 +52,11 @@ def python_worker(system: str, folder: str) -> dict:
     translate_lines(translator, sources[:BATCH_SIZE], BATCH_SIZE, options, show_progress=False)
     start = time.perf_counter()
     translations = translate_lines(translator, sources, BATCH_SIZE, options, show_progress=False)
-    return {"seconds": time.perf_counter() - start, "translations": translations,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # fmt: skip
+    return {
+        "seconds": time.perf_counter() - start,
+        "translations": translations,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
 
 
 def node_run(folder: str, dtype: str, sources: list[str]) -> tuple[float, list[str]]:
@@ -143,9 +146,17 @@ def main() -> None:
     bleu.corpus_score(generated, [references])
     signature = str(bleu.get_signature())
     path = write_results(
-        "onnx", {"machine": machine(), "model": args.model, "repetitions": args.repetitions, "batch_size": BATCH_SIZE,
-                 "bleu_signature": signature, "figures": figures, "sizes_mib": sizes},
-    )  # fmt: skip
+        "onnx",
+        {
+            "machine": machine(),
+            "model": args.model,
+            "repetitions": args.repetitions,
+            "batch_size": BATCH_SIZE,
+            "bleu_signature": signature,
+            "figures": figures,
+            "sizes_mib": sizes,
+        },
+    )
     print(json.dumps({"figures": figures, "sizes_mib": sizes}, indent=1))
     print(f"wrote {path}", file=sys.stderr)
 

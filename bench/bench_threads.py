@@ -28,8 +28,18 @@ SPIN = "while True: pass"
 
 
 def translate(model: str, source: str, flags: list[str], env: dict) -> None:
-    command = [shutil.which("vanilla-translate"), "--model", model, "--input", source, "--output", os.devnull,
-               "--dtype", "float32", *flags]  # fmt: skip
+    command = [
+        shutil.which("vanilla-translate"),
+        "--model",
+        model,
+        "--input",
+        source,
+        "--output",
+        os.devnull,
+        "--dtype",
+        "float32",
+        *flags,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env})
     if result.returncode != 0:
         sys.exit(result.stderr[-2000:])
@@ -48,8 +58,10 @@ def main():
         source = os.path.join(folder, "test.en")
         with open(source, "w", encoding="utf-8") as file:
             file.writelines(line + "\n" for line in multi30k_sources("test")[: args.sentences])
-        runs = {name: (lambda f=flags, e=env: translate(args.model, source, f, e))
-                for name, (flags, env) in CANDIDATES.items()}  # fmt: skip
+        runs = {
+            name: (lambda f=flags, e=env: translate(args.model, source, f, e))
+            for name, (flags, env) in CANDIDATES.items()
+        }
         for busy in args.busy:
             competitors = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(busy)]
             try:

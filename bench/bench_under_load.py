@@ -34,8 +34,19 @@ def translate_lines_figures(model: str, counts: list[int], batch_size: int) -> l
             with open(source, "w", encoding="utf-8") as file:
                 file.writelines(line + "\n" for line in itertools.islice(itertools.cycle(sources), count))
             output = os.path.join(folder, f"{count}.de")
-            command = [shutil.which("vanilla-translate"), "--model", model, "--input", source, "--output", output,
-                       "--num_beams", "1", "--batch_size", str(batch_size)]  # fmt: skip
+            command = [
+                shutil.which("vanilla-translate"),
+                "--model",
+                model,
+                "--input",
+                source,
+                "--output",
+                output,
+                "--num_beams",
+                "1",
+                "--batch_size",
+                str(batch_size),
+            ]
             start = time.perf_counter()
             result, peak = run_with_peak_rss(command)
             seconds = time.perf_counter() - start
@@ -44,9 +55,14 @@ def translate_lines_figures(model: str, counts: list[int], batch_size: int) -> l
             with open(output, encoding="utf-8") as file:
                 written = sum(1 for _ in file)
             figures.append(
-                {"lines": count, "lines_written": written, "seconds_with_start_up": round(seconds, 1),
-                 "lines_per_second": round(count / seconds, 1), "peak_rss_mib": round(peak / 2**20, 1)}
-            )  # fmt: skip
+                {
+                    "lines": count,
+                    "lines_written": written,
+                    "seconds_with_start_up": round(seconds, 1),
+                    "lines_per_second": round(count / seconds, 1),
+                    "peak_rss_mib": round(peak / 2**20, 1),
+                }
+            )
             print(figures[-1], flush=True)
     return figures
 

@@ -32,8 +32,9 @@ def main():
     parser.add_argument("--target_lang", default="zh")
     args = parser.parse_args()
 
-    pairs = read_translation_file(os.path.join(SHARED_DATA, args.data, f"{args.split}.jsonl"),
-                                  args.source_lang, args.target_lang)  # fmt: skip
+    pairs = read_translation_file(
+        os.path.join(SHARED_DATA, args.data, f"{args.split}.jsonl"), args.source_lang, args.target_lang
+    )
     references = [target for _, target in pairs]
     metric = load_translation_metric()
 
@@ -50,8 +51,10 @@ def main():
         return f"{bleu.bp:5.3f} " + "/".join(f"{p:.1f}" for p in bleu.precisions)
 
     signature = set()
-    print(f"{'file':<60} {'BLEU   chrF':>13} {'output NFKC':>13} {'both NFKC':>13} empty  U+FFFD  length"
-          "    BP  n-gram precisions")  # fmt: skip
+    print(
+        f"{'file':<60} {'BLEU   chrF':>13} {'output NFKC':>13} {'both NFKC':>13} empty  U+FFFD  length"
+        "    BP  n-gram precisions"
+    )
     for path in args.files:
         with open(path, encoding="utf-8") as file:
             predictions = file.read().split("\n")[: len(references)]

@@ -25,8 +25,9 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=2)
     parser.add_argument("--preprocessing_num_workers", type=int, default=None)
     args = parser.parse_args()
-    training_args = Seq2SeqTrainingArguments(output_dir=args.output_dir, max_steps=args.max_steps, use_cpu=True,
-                                             report_to="none", save_strategy="no")  # fmt: skip
+    training_args = Seq2SeqTrainingArguments(
+        output_dir=args.output_dir, max_steps=args.max_steps, use_cpu=True, report_to="none", save_strategy="no"
+    )
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
     raw = load_dataset("json", data_files={"train": args.train_file}, cache_dir=args.cache_dir)["train"]
 
@@ -39,13 +40,22 @@ def main() -> None:
         return model_inputs
 
     with training_args.main_process_first(desc="train dataset map pre-processing"):
-        train_dataset = raw.map(preprocess_function, batched=True, num_proc=args.preprocessing_num_workers,
-                                remove_columns=raw.column_names, desc="Running tokenizer on train dataset")  # fmt: skip
+        train_dataset = raw.map(
+            preprocess_function,
+            batched=True,
+            num_proc=args.preprocessing_num_workers,
+            remove_columns=raw.column_names,
+            desc="Running tokenizer on train dataset",
+        )
     config = VanillaTransformerConfig.from_preset(args.preset, vocab_size=len(tokenizer))
     model = VanillaTransformerForConditionalGeneration(config)
-    trainer = Seq2SeqTrainer(model=model, args=training_args, train_dataset=train_dataset,
-                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-                             processing_class=tokenizer)  # fmt: skip
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+    )
     trainer.train()
 
 

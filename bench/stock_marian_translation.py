@@ -100,10 +100,13 @@ def main():
     started = time.monotonic()
 
     splits = {
-        split: list(read_translation_file(os.path.join(SHARED_DATA, args.data, f"{split}.jsonl"),
-                                          args.source_lang, args.target_lang))[: args.limit]
+        split: list(
+            read_translation_file(
+                os.path.join(SHARED_DATA, args.data, f"{split}.jsonl"), args.source_lang, args.target_lang
+            )
+        )[: args.limit]
         for split in ("train", "validation", "test")
-    }  # fmt: skip
+    }
     tokenizer = metaspace_bpe(chain.from_iterable(splits["train"]), vocab_size=8000)
 
     def encoded(pairs):
@@ -146,10 +149,11 @@ def main():
         eval_dataset=validation,
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-        compute_metrics=validation_bleu(validation, [target for _, target in splits["validation"]], tokenizer,
-                                        metric, args.target_lang),
+        compute_metrics=validation_bleu(
+            validation, [target for _, target in splits["validation"]], tokenizer, metric, args.target_lang
+        ),
         callbacks=[TimeLimitCallback(args.minutes)],
-    )  # fmt: skip
+    )
     train_result = trainer.train()
     trainer.save_model(output_dir)  # the model and its tokenizer, for bench.bench_ctranslate2's Marian rows
     trainer.save_state()

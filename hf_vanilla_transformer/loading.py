@@ -96,9 +96,13 @@ def load_model(model_path: str, device: str | None = None, dtype=None, attn_impl
     check_config_fits(config, model_path)
     try:
         model, report = AutoModelForSeq2SeqLM.from_pretrained(
-            model_path, config=config, trust_remote_code=False, output_loading_info=True, dtype=dtype,
+            model_path,
+            config=config,
+            trust_remote_code=False,
+            output_loading_info=True,
+            dtype=dtype,
             attn_implementation=attn_implementation,
-        )  # fmt: skip
+        )
     except Exception as error:  # safetensors' SafetensorError derives from Exception alone
         raise ModelFolderError(f"{model_path}: {first_line(error)}") from None
     weights_file = os.path.join(model_path, WEIGHTS_NAME)

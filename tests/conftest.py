@@ -99,10 +99,17 @@ def trained_run(tmp_path_factory, worker_id) -> TrainedRun:
 
         output, commits = folder / "model", []
         with intercepted_hub(commits):
-            results = run_translation.main([
-                *TINY_RUN, "--output_dir", str(output),
-                "--push_to_hub", "true", "--hub_model_id", "someone/tiny-en-de",
-            ])  # fmt: skip
+            results = run_translation.main(
+                [
+                    *TINY_RUN,
+                    "--output_dir",
+                    str(output),
+                    "--push_to_hub",
+                    "true",
+                    "--hub_model_id",
+                    "someone/tiny-en-de",
+                ]
+            )
         return TrainedRun(output, results, commits)
 
     return built_once(tmp_path_factory, worker_id, "en-de", train)

@@ -49,11 +49,19 @@ def test_the_batches_are_those_the_list_based_sampler_made(seed):
     max_tokens = rng.choice([16, 48, 64, 256])
     processes, accumulation = rng.choice([(1, 1), (2, 1), (1, 3), (2, 2)])
     for shuffle in (True, False):
-        sampler = TokenBudgetBatchSampler(sources, targets, max_tokens, num_processes=processes,
-                                          accumulation_steps=accumulation, shuffle=shuffle, seed=seed)  # fmt: skip
+        sampler = TokenBudgetBatchSampler(
+            sources,
+            targets,
+            max_tokens,
+            num_processes=processes,
+            accumulation_steps=accumulation,
+            shuffle=shuffle,
+            seed=seed,
+        )
         for epoch in (0, 1, 5):
-            expected = list_sampler_batches(sources, targets, max_tokens, epoch, seed, processes * accumulation,
-                                            shuffle)  # fmt: skip
+            expected = list_sampler_batches(
+                sources, targets, max_tokens, epoch, seed, processes * accumulation, shuffle
+            )
             sampler.set_epoch(epoch)
             assert list(sampler) == expected
             assert len(sampler) == len(expected)

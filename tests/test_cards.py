@@ -41,10 +41,16 @@ def folders(tmp_path_factory) -> dict:
     model.save_pretrained(ours)
     letter_tokenizer().save_pretrained(ours)
     # what a run records (training/run.py), from which the card is written
-    record = {"model_id": "runs/tiny-en-de", "source_lang": "en", "target_lang": "de", "dataset_id": None,
-              "dataset_name": None, "training": {"steps": 1, "hardware": "a test"},
-              "scores": {"test": {"bleu": 1.5, "chrf": 20.0, "samples": 3}},
-              "example": {"source": EXAMPLE, "translation": "d e f"}}  # fmt: skip
+    record = {
+        "model_id": "runs/tiny-en-de",
+        "source_lang": "en",
+        "target_lang": "de",
+        "dataset_id": None,
+        "dataset_name": None,
+        "training": {"steps": 1, "hardware": "a test"},
+        "scores": {"test": {"bleu": 1.5, "chrf": 20.0, "samples": 3}},
+        "example": {"source": EXAMPLE, "translation": "d e f"},
+    }
     (ours / RUN_RECORD).write_text(json.dumps(record))
     write_model_card(str(ours))  # the model and tokenizer loaded from the folder
     return {
@@ -59,8 +65,9 @@ def test_the_card_is_written_from_the_runs_record_and_the_folder(folders):
     card = ModelCard.load(folders["ours"] / "README.md")
     assert card.data.model_name == "runs/tiny-en-de" and card.data.language == ["en", "de"]
     assert [(result.dataset_split, result.metric_type, result.metric_value) for result in card.data.eval_results] == [
-        ("test", "bleu", 1.5), ("test", "chrf", 20.0),
-    ]  # fmt: skip
+        ("test", "bleu", 1.5),
+        ("test", "chrf", 20.0),
+    ]
     assert "- hardware: a test" in card.text and '# [{"translation_text": "d e f"}]' in card.text
     assert "![" in card.text and (folders["ours"] / "attention.png").is_file()  # the example's attention, drawn
 
@@ -86,8 +93,9 @@ def our_translation(folder, **decoding) -> str:
     return str(tokenizer.batch_decode(output, skip_special_tokens=True))
 
 
-@pytest.mark.parametrize("kind, library", [("ours", "transformers"), ("ctranslate2", "ctranslate2"),
-                                           ("marian", "transformers")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kind, library", [("ours", "transformers"), ("ctranslate2", "ctranslate2"), ("marian", "transformers")]
+)
 def test_each_card_names_its_library_and_decodes_as_its_generation_config(folders, kind, library):
     folder = folders[kind]
     card = ModelCard.load(f"{folder}/README.md")
@@ -157,12 +165,27 @@ def test_a_runs_card_loads_its_folder_from_where_the_run_started_and_a_push_name
     from hf_vanilla_transformer.tools.hub import card_for
 
     monkeypatch.chdir(tmp_path)
-    rows = [{"en": f"The {en} is {state}.", "de": f"Die {de} ist {zustand}."}
-            for en, de in [("cat", "Katze"), ("dog", "Hund"), ("bird", "Vogel")]
-            for state, zustand in [("small", "klein"), ("here", "hier"), ("old", "alt")]]  # fmt: skip
+    rows = [
+        {"en": f"The {en} is {state}.", "de": f"Die {de} ist {zustand}."}
+        for en, de in [("cat", "Katze"), ("dog", "Hund"), ("bird", "Vogel")]
+        for state, zustand in [("small", "klein"), ("here", "hier"), ("old", "alt")]
+    ]
     write_dataset(tmp_path / "data", {"train": rows, "validation": rows[:3], "test": rows[3:6]})
-    run_translation.main([*TINY_MODEL_RUN, "--dataset_name", "data", "--vocab_size", "300", "--max_steps", "2",
-                          "--warmup_steps", "1", "--output_dir", "runs/tiny-en-de"])  # fmt: skip
+    run_translation.main(
+        [
+            *TINY_MODEL_RUN,
+            "--dataset_name",
+            "data",
+            "--vocab_size",
+            "300",
+            "--max_steps",
+            "2",
+            "--warmup_steps",
+            "1",
+            "--output_dir",
+            "runs/tiny-en-de",
+        ]
+    )
     card = ModelCard.load("runs/tiny-en-de/README.md")
     model_code, pipeline_code = python_blocks(how_to_use(card))
     assert names_model(model_code, pipeline_code, "runs/tiny-en-de")

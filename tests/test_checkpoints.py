@@ -52,8 +52,9 @@ def test_checkpoint_averaging_is_the_mean_of_known_weights(tmp_path, caplog):
         folders = checkpoint_folders(str(tmp_path))
     assert [f.rsplit("-", 1)[1] for f in folders] == ["5", "10", "20", "30"]
     incomplete = [r.getMessage() for r in caplog.records if "incomplete" in r.getMessage()]
-    assert sorted(incomplete) == [f"checkpoint-{step} is incomplete (its run stopped while writing it): not used"
-                                  for step in (40, 50, 60)]  # fmt: skip
+    assert sorted(incomplete) == [
+        f"checkpoint-{step} is incomplete (its run stopped while writing it): not used" for step in (40, 50, 60)
+    ]
     assert latest_checkpoint(str(tmp_path)) == folders[-1]
 
     averaged = average_checkpoints(folders[-3:])  # factors 1, 2 and 6: the mean is 3 times each value
@@ -70,16 +71,28 @@ def test_checkpoint_averaging_is_the_mean_of_known_weights(tmp_path, caplog):
 
 def train_with_checkpoints(output_dir, trainer_class=TranslationTrainer, callbacks=(), **settings):
     """A tiny model trained 8 steps with a checkpoint every 2 (its tokenizer saved beside each); returns the trainer."""
-    arguments = dict(output_dir=str(output_dir), max_steps=8, save_steps=2, per_device_train_batch_size=4,
-                     learning_rate=1e-3, report_to=[], use_cpu=True, disable_tqdm=True, **settings)  # fmt: skip
+    arguments = dict(
+        output_dir=str(output_dir),
+        max_steps=8,
+        save_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        **settings,
+    )
     args_class = TranslationTrainingArguments if trainer_class is TranslationTrainer else Seq2SeqTrainingArguments
     tokenizer = letter_tokenizer()
     model = tiny_model(vocab_size=len(tokenizer))
     trainer = trainer_class(
-        model=model, args=args_class(**arguments), train_dataset=reversal_dataset(tokenizer, 64, seed=4),
-        data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model), processing_class=letter_tokenizer(),
+        model=model,
+        args=args_class(**arguments),
+        train_dataset=reversal_dataset(tokenizer, 64, seed=4),
+        data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model),
+        processing_class=letter_tokenizer(),
         callbacks=list(callbacks),
-    )  # fmt: skip
+    )
     trainer.train()
     return trainer
 
@@ -99,8 +112,12 @@ def test_checkpoints_are_rotated_by_step_with_transformers_rotation_off(tmp_path
     assert (ours.args.save_total_limit, ours.args.keep_newest_checkpoints) == (None, 2)  # the Trainer's rotation off
     assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == ["checkpoint-6", "checkpoint-8"]
     # transformers' rotation by modification time keeps the folder that looks newest in place of a newer one
-    theirs = train_with_checkpoints(tmp_path / "theirs", trainer_class=Seq2SeqTrainer, save_total_limit=2,
-                                    callbacks=[MakeTheFirstCheckpointLookNewest()])  # fmt: skip
+    theirs = train_with_checkpoints(
+        tmp_path / "theirs",
+        trainer_class=Seq2SeqTrainer,
+        save_total_limit=2,
+        callbacks=[MakeTheFirstCheckpointLookNewest()],
+    )
     assert theirs.args.save_total_limit == 2
     assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["checkpoint-2", "checkpoint-8"]
 

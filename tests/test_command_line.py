@@ -101,19 +101,25 @@ def absent_torch_device() -> str:
         ("vanilla-translate", ["--device", "nonsense"], "argument --device: device 'nonsense' is not a device name"),
         ("vanilla-translate", ["--input", "none.txt"], "argument --input: none.txt: no such file"),
         ("vanilla-translate", ["--input", "model"], "argument --input: model: a folder, not a file"),
-        ("vanilla-translate", ["--output", "missing/out.txt"],
-         "argument --output: missing/out.txt: there is no folder missing to write it in"),
+        (
+            "vanilla-translate",
+            ["--output", "missing/out.txt"],
+            "argument --output: missing/out.txt: there is no folder missing to write it in",
+        ),
         ("vanilla-translate", ["--output", "model"], "argument --output: model is a folder"),
         ("vanilla-attention", ["--layer", "0"], "argument --layer: 0 must be at least 1"),
         ("vanilla-attention", ["--head", "-2"], "argument --head: -2 must be at least 1"),
         ("vanilla-attention", ["--top_k", "0"], "argument --top_k: 0 must be at least 1"),
-        ("vanilla-attention", ["--num_beams", "2"],
-         "argument --num_beams: only the beam-search table of --steps (without --target) has beams"),
+        (
+            "vanilla-attention",
+            ["--num_beams", "2"],
+            "argument --num_beams: only the beam-search table of --steps (without --target) has beams",
+        ),
         ("vanilla-attention", ["--device", "gpu"], "argument --device: device 'gpu' is not a device name"),
         ("vanilla-export-ctranslate2", ["--quantization", "int4"], "argument --quantization: invalid choice: 'int4'"),
         ("vanilla-push-to-hub", ["--repo_id", "my model"], "argument --repo_id: Repo id must use alphanumeric chars"),
     ],
-)  # fmt: skip
+)
 def test_a_flag_value_that_cannot_work_is_one_line_and_exit_status_2(work, tmp_path, capsys, command, flags, message):
     before = files_under(tmp_path)
     code, stderr = run(command, [*work[command], *flags], capsys)
@@ -148,9 +154,12 @@ def test_a_device_this_machine_lacks_is_one_line_before_the_model_is_read(work, 
     for command, flags, message in [
         ("vanilla-translate", ["--device", absent], f"device {absent}: torch {torch.__version__} finds "),
         ("vanilla-attention", ["--device", absent], f"device {absent}: torch {torch.__version__} finds "),
-        ("vanilla-translate", ["--model", "ct2", "--device", absent_for_ctranslate2],
-         f"device {absent_for_ctranslate2}: CTranslate2 {ctranslate2.__version__} finds "),
-    ]:  # fmt: skip
+        (
+            "vanilla-translate",
+            ["--model", "ct2", "--device", absent_for_ctranslate2],
+            f"device {absent_for_ctranslate2}: CTranslate2 {ctranslate2.__version__} finds ",
+        ),
+    ]:
         code, stderr = run(command, with_flags(work[command], flags), capsys)
         assert code == 1 and len(stderr) == 1 and stderr[0].startswith(f"{command}: error: {message}"), stderr
     assert files_under(tmp_path) == before
@@ -167,12 +176,16 @@ def test_an_option_for_the_other_kind_of_folder_or_that_the_device_lacks_is_one_
     for flags, message in [
         (["--compute_type", "int8"], "compute_type int8 is for CTranslate2 folders; model is a model folder (dtype)"),
         (["--intra_threads", "2"], "intra_threads 2 is for CTranslate2 folders; model is a model folder (dtype)"),
-        (["--model", "ct2", "--dtype", "float32"],
-         "dtype float32 is for model folders; ct2 is a CTranslate2 folder (compute_type)"),
-        (["--model", "ct2", "--device", "cpu", "--compute_type", unsupported],
-         f"compute_type {unsupported}: CTranslate2 {ctranslate2.__version__} computes in "
-         f"{', '.join(sorted(supported))} on this cpu"),
-    ]:  # fmt: skip
+        (
+            ["--model", "ct2", "--dtype", "float32"],
+            "dtype float32 is for model folders; ct2 is a CTranslate2 folder (compute_type)",
+        ),
+        (
+            ["--model", "ct2", "--device", "cpu", "--compute_type", unsupported],
+            f"compute_type {unsupported}: CTranslate2 {ctranslate2.__version__} computes in "
+            f"{', '.join(sorted(supported))} on this cpu",
+        ),
+    ]:
         code, stderr = run("vanilla-translate", with_flags(work["vanilla-translate"], flags), capsys)
         assert (code, stderr) == (1, [f"vanilla-translate: error: {message}"])
     assert files_under(tmp_path) == before
@@ -182,8 +195,9 @@ def test_an_option_for_the_other_kind_of_folder_or_that_the_device_lacks_is_one_
     "command", ["vanilla-attention", "vanilla-export-ctranslate2", "vanilla-export-marian", "vanilla-export-onnx"]
 )
 @pytest.mark.parametrize("output_dir", ["model", ".", "{tmp}"])
-def test_an_output_dir_that_is_or_holds_the_model_is_refused_even_with_overwrite(work, tmp_path, capsys, command,
-                                                                                 output_dir):  # fmt: skip
+def test_an_output_dir_that_is_or_holds_the_model_is_refused_even_with_overwrite(
+    work, tmp_path, capsys, command, output_dir
+):
     output_dir = output_dir.format(tmp=tmp_path)
     before = files_under(tmp_path)
     flags = [*work[command], "--output_dir", output_dir, "--overwrite_output_dir"]
@@ -229,9 +243,13 @@ def test_without_the_extras_the_console_scripts_say_which(work, tmp_path):
     before = files_under(tmp_path / "model") | files_under(tmp_path / "ct2")
     for command, flags, package, purpose, extra in EXTRAS_MISSING[:2]:
         result = subprocess.run(
-            [shutil.which(command), *with_flags(work[command], flags)], env=environment, stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [shutil.which(command), *with_flags(work[command], flags)],
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 1
         assert result.stderr.splitlines() == [missing_extra_line(command, package, purpose, extra)]
     assert not (tmp_path / "out.txt").exists() and not (tmp_path / "out").exists()

@@ -29,9 +29,20 @@ def parser() -> FlagParser:
 
 
 RECIPE_FLAGS = [
-    "--do_train", "true", "--fp16", "false", "--learning_rate_scale", "0.5", "--warmup_steps", "4000",
-    "--train_file", "a.jsonl", "b.txt", "--output_dir", "runs/x",
-]  # fmt: skip
+    "--do_train",
+    "true",
+    "--fp16",
+    "false",
+    "--learning_rate_scale",
+    "0.5",
+    "--warmup_steps",
+    "4000",
+    "--train_file",
+    "a.jsonl",
+    "b.txt",
+    "--output_dir",
+    "runs/x",
+]
 
 
 @pytest.mark.parametrize(
@@ -95,13 +106,17 @@ def test_a_recipe_that_is_no_list_of_flags_is_refused_naming_it(tmp_path, text, 
         ("colour: red\n", "Some specified arguments are not used by the HfArgumentParser: ['--colour', 'red']"),
         ("max_steps: [1, 2]\n", "Some specified arguments are not used by the HfArgumentParser: ['2']"),
         ("max_steps: 1.5\n", "argument --max_steps/--max-steps: invalid int value: '1.5' (see --help)"),
-        ("learning_rate_scale: fast\n", "argument --learning_rate_scale/--learning-rate-scale: invalid float value: "
-         "'fast' (see --help)"),
+        (
+            "learning_rate_scale: fast\n",
+            "argument --learning_rate_scale/--learning-rate-scale: invalid float value: 'fast' (see --help)",
+        ),
         ("do_train: maybe\n", "argument --do_train/--do-train: Truthy value expected: got maybe"),
-        ("normalization: NFD\n", "argument --normalization: invalid choice: 'NFD' (choose from 'NFKC', 'NFC') "
-         "(see --help)"),
+        (
+            "normalization: NFD\n",
+            "argument --normalization: invalid choice: 'NFD' (choose from 'NFKC', 'NFC') (see --help)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_recipes_flags_are_checked_by_argparse_as_typed_ones_are(tmp_path, text, message):
     (tmp_path / "recipe.yaml").write_text(text, encoding="utf-8")
     with pytest.raises(ValueError) as error:
@@ -134,9 +149,13 @@ def test_parse_config_overrides_reads_yaml_scalars():
         "d_model=256, dropout=0.2,position_embedding_type=learned,scale_embedding=false,head_dim=null,init_std=1e-2"
     )
     assert overrides == {
-        "d_model": 256, "dropout": 0.2, "position_embedding_type": "learned", "scale_embedding": False,
-        "head_dim": None, "init_std": 0.01,
-    }  # fmt: skip
+        "d_model": 256,
+        "dropout": 0.2,
+        "position_embedding_type": "learned",
+        "scale_embedding": False,
+        "head_dim": None,
+        "init_std": 0.01,
+    }
     assert [type(overrides[name]) for name in ("d_model", "dropout", "scale_embedding")] == [int, float, bool]
     assert parse_config_overrides(None) == parse_config_overrides("") == parse_config_overrides(",") == {}
 

@@ -98,12 +98,14 @@ def test_bad_values_raise_value_error_naming_the_field(overrides, message):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(position_embedding_type="rotary"),
-         r"field 'position_embedding_type':\n.*expected one of \('sinusoidal', 'learned'\), got rotary"),
+        (
+            dict(position_embedding_type="rotary"),
+            r"field 'position_embedding_type':\n.*expected one of \('sinusoidal', 'learned'\), got rotary",
+        ),
         (dict(layer_norm_position="middle"), r"field 'layer_norm_position':\n.*expected one of \('post', 'pre'\)"),
         (dict(d_model="abc"), r"field 'd_model':\n.*expected int, got str \(value: 'abc'\)"),
     ],
-)  # fmt: skip
+)
 def test_values_of_the_wrong_type_are_refused_by_strict_naming_the_field(overrides, message):
     with pytest.raises(StrictDataclassFieldValidationError, match=message):
         VanillaTransformerConfig(**overrides)

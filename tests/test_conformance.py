@@ -192,8 +192,9 @@ def test_head_dim_is_filled_in_as_transformers_configs_do():
     assert different.head_dim is None
     model = VanillaTransformerForConditionalGeneration(different)
     assert (model.model.encoder.layers[0].self_attn.head_dim, model.model.decoder.layers[0].self_attn.head_dim) == (
-        8, 16,
-    )  # fmt: skip
+        8,
+        16,
+    )
 
 
 def test_the_cache_is_transformers_encoder_decoder_cache_in_config_head_dim():
@@ -223,9 +224,12 @@ def test_a_generation_continues_from_its_own_cache_as_if_never_stopped(cache_imp
             cache = cache_of(so_far)
             assert cache.get_seq_length() == so_far.sequences.shape[1] - 1
             so_far = model.generate(
-                **source, decoder_input_ids=so_far.sequences, decoder_attention_mask=torch.ones_like(so_far.sequences),
-                **{CACHE_NAME: cache}, max_new_tokens=3,
-            )  # fmt: skip
+                **source,
+                decoder_input_ids=so_far.sequences,
+                decoder_attention_mask=torch.ones_like(so_far.sequences),
+                **{CACHE_NAME: cache},
+                max_new_tokens=3,
+            )
             scores += so_far.scores
     assert so_far.sequences.equal(whole.sequences)
     for continued, at_once in zip(scores, whole.scores, strict=True):

@@ -84,7 +84,7 @@ def test_a_file_that_is_not_utf8_or_not_there(tmp_path):
         (HOSTILE_LINES[6], r":1: the 'en' sentence is not Unicode text \(a lone surrogate '\\ud800' at character 1\)$"),
         (b'{"translation": {"en": "a\x00"}}', r":1: not valid JSON \(Invalid control character at column 26\)"),
     ],
-)  # fmt: skip
+)
 def test_hostile_rows_are_errors_naming_file_and_line(tmp_path, line, message):
     path = write_bytes_lines(tmp_path, "hostile.jsonl", [line])
     with pytest.raises(InputError, match=re.escape(path) + message):
@@ -96,8 +96,10 @@ def test_a_byte_order_mark_line_separators_and_a_10_mb_sentence_are_read_as_text
     lines = [row("A cat.", "Eine Katze.").encode(), HOSTILE_LINES[7], row(long_sentence, "lang").encode()]
     path = write_bytes_lines(tmp_path, "pairs.jsonl", lines, bom=True)
     assert list(read_translation_file(path, "en", "de")) == [
-        ("A cat.", "Eine Katze."), ("a\u2028b", "c\u0085d"), (long_sentence, "lang")
-    ]  # fmt: skip
+        ("A cat.", "Eine Katze."),
+        ("a\u2028b", "c\u0085d"),
+        (long_sentence, "lang"),
+    ]
     text = write_bytes_lines(tmp_path, "sentences.txt", [b"A cat.", "a\u2028b \u0085c".encode()], bom=True)
     assert list(read_text_file(text)) == ["A cat.", "a\u2028b \u0085c"]
 
@@ -141,8 +143,15 @@ def test_file_sentences_reads_translation_files_as_source_target_and_text_files_
     json_file = write_lines(tmp_path / "pairs.json", [row(*PAIRS[2])])
     text = write_lines(tmp_path / "more.en", ["A bird.", "", "A horse."])
     assert list(file_sentences([jsonl, text, json_file], "en", "de")) == [
-        "A cat.", "Eine Katze.", "Two dogs play.", "Zwei Hunde spielen.", "A bird.", "A horse.", "A man.", "Ein Mann.",
-    ]  # fmt: skip
+        "A cat.",
+        "Eine Katze.",
+        "Two dogs play.",
+        "Zwei Hunde spielen.",
+        "A bird.",
+        "A horse.",
+        "A man.",
+        "Ein Mann.",
+    ]
     assert list(file_sentences([json_file], "de", "en")) == ["Ein Mann.", "A man."]
 
 
@@ -160,8 +169,11 @@ def test_load_translation_split_from_a_file_with_max_samples(tmp_path):
 @pytest.mark.parametrize("layout", HUB_LAYOUTS)
 def test_read_dataset_takes_either_hub_layout_in_any_local_form(tmp_path, layout, form):
     make = HUB_LAYOUTS[layout]
-    splits = {"train": [make(*PAIRS[0]), make(*PAIRS[1])], "validation": [make(*PAIRS[2])],
-              "test": [make("A horse.", "Ein Pferd.")]}  # fmt: skip
+    splits = {
+        "train": [make(*PAIRS[0]), make(*PAIRS[1])],
+        "validation": [make(*PAIRS[2])],
+        "test": [make("A horse.", "Ein Pferd.")],
+    }
     folder = write_dataset(tmp_path / "dataset", splits, form)
     assert list(read_dataset(folder, None, "train", "en", "de")) == PAIRS[:2]
     assert list(read_dataset(folder, None, "validation", "de", "en")) == [("Ein Mann.", "A man.")]

@@ -34,11 +34,34 @@ def cache_files(cache: Path) -> dict[str, int]:
 
 
 def prepared(train: str, cache: Path, *flags: str):
-    arguments = parse_arguments([
-        "--train_file", train, "--source_lang", "en", "--target_lang", "de", "--do_train", "--vocab_size", "300",
-        "--preset", "small", "--output_dir", str(cache.parent / "run"), "--overwrite_output_dir", "true",
-        "--cache_dir", str(cache), "--use_cpu", "true", "--report_to", "none", "--disable_tqdm", "true", *flags,
-    ])  # fmt: skip
+    arguments = parse_arguments(
+        [
+            "--train_file",
+            train,
+            "--source_lang",
+            "en",
+            "--target_lang",
+            "de",
+            "--do_train",
+            "--vocab_size",
+            "300",
+            "--preset",
+            "small",
+            "--output_dir",
+            str(cache.parent / "run"),
+            "--overwrite_output_dir",
+            "true",
+            "--cache_dir",
+            str(cache),
+            "--use_cpu",
+            "true",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            *flags,
+        ]
+    )
     return prepare(*arguments)
 
 
@@ -72,13 +95,15 @@ def test_a_file_changed_in_place_is_read_again(tmp_path):
     write_lines(train, [json.dumps({"translation": {"en": "A cat.", "de": "Eine Katze."}})])
     cache = tmp_path / "cache"
     assert load_translation_split(str(train), None, None, "train", "en", "de", cache_dir=str(cache))[:] == {
-        "source": ["A cat."], "target": ["Eine Katze."],
-    }  # fmt: skip
+        "source": ["A cat."],
+        "target": ["Eine Katze."],
+    }
     write_lines(train, [json.dumps({"translation": {"en": "A dog.", "de": "Ein Hund."}})])
     os.utime(train, ns=(1, 1))  # even with an older modification time: the size differs too
     assert load_translation_split(str(train), None, None, "train", "en", "de", cache_dir=str(cache))[:] == {
-        "source": ["A dog."], "target": ["Ein Hund."],
-    }  # fmt: skip
+        "source": ["A dog."],
+        "target": ["Ein Hund."],
+    }
 
 
 def test_one_file_given_for_two_splits_is_read_as_each(tmp_path):

@@ -19,30 +19,104 @@ from support.processes import audited_ranks, audited_writes, free_port, run_side
 # Dropout off: each process draws dropout masks from a random stream of its own, which one process accumulating two
 # batches cannot reproduce. All else in a step is the same arithmetic, summed in another order.
 DISTRIBUTED_RUN = [
-    str(REPO_ROOT / "run_translation.py"), "--preset", "small", "--config_overrides",
+    str(REPO_ROOT / "run_translation.py"),
+    "--preset",
+    "small",
+    "--config_overrides",
     "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,dropout=0.0",
-    "--train_file", TRAIN, "--validation_file", VALIDATION, "--test_file", TEST, "--max_train_samples", "800",
-    "--max_eval_samples", "24", "--max_predict_samples", "24", "--vocab_size", "400",
-    "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--num_beams", "2",
-    "--per_device_eval_batch_size", "8", "--max_tokens_per_batch", "600", "--max_steps", "20", "--warmup_steps", "5",
-    "--logging_steps", "1", "--save_steps", "10", "--average_last_checkpoints", "2",
-    "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true", "--seed", "0",
-]  # fmt: skip
+    "--train_file",
+    TRAIN,
+    "--validation_file",
+    VALIDATION,
+    "--test_file",
+    TEST,
+    "--max_train_samples",
+    "800",
+    "--max_eval_samples",
+    "24",
+    "--max_predict_samples",
+    "24",
+    "--vocab_size",
+    "400",
+    "--do_train",
+    "--do_eval",
+    "--do_predict",
+    "--predict_with_generate",
+    "--num_beams",
+    "2",
+    "--per_device_eval_batch_size",
+    "8",
+    "--max_tokens_per_batch",
+    "600",
+    "--max_steps",
+    "20",
+    "--warmup_steps",
+    "5",
+    "--logging_steps",
+    "1",
+    "--save_steps",
+    "10",
+    "--average_last_checkpoints",
+    "2",
+    "--report_to",
+    "none",
+    "--use_cpu",
+    "true",
+    "--disable_tqdm",
+    "true",
+    "--seed",
+    "0",
+]
 TWO_PROCESSES = {
     "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
     # `--multi_gpu` is what starts several processes: with `--cpu`, accelerate 1.15 starts one (README)
-    "accelerate launch": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
-}  # fmt: skip
+    "accelerate launch": [
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ],
+}
 # docs/training.md's commands for two machines, one process each: the same command on each machine, with its {node}
 # and the first machine's {port} filled in. Here both machines are this one.
 TWO_MACHINES = {
-    "torchrun": ["-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", "127.0.0.1:{port}", "--rdzv-id", "multi30k"],
-    "accelerate launch": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
-                          "--num_processes", "2", "--machine_rank", "{node}", "--main_process_ip", "127.0.0.1",
-                          "--main_process_port", "{port}"],
-}  # fmt: skip
+    "torchrun": [
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:{port}",
+        "--rdzv-id",
+        "multi30k",
+    ],
+    "accelerate launch": [
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_machines",
+        "2",
+        "--num_processes",
+        "2",
+        "--machine_rank",
+        "{node}",
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        "{port}",
+    ],
+}
 ON_TWO_MACHINES = [f"{name} on 2 machines" for name in TWO_MACHINES]
 
 
@@ -71,10 +145,16 @@ def launched_runs(tmp_path_factory) -> dict[str, Launched]:
         folder, port = tmp_path_factory.mktemp("launch"), free_port()
         machines = [folder / f"machine-{node}" for node in range(len(launchers))]
         commands = [
-            [sys.executable, *(part.format(node=node, port=port) for part in launcher), *DISTRIBUTED_RUN, *extra,
-             "--output_dir", str(machines[node] / "run")]
+            [
+                sys.executable,
+                *(part.format(node=node, port=port) for part in launcher),
+                *DISTRIBUTED_RUN,
+                *extra,
+                "--output_dir",
+                str(machines[node] / "run"),
+            ]
             for node, launcher in enumerate(launchers)
-        ]  # fmt: skip
+        ]
         envs = [
             {**write_audit_env(machine / "audit", machine), "HF_DATASETS_CACHE": str(machine / "datasets")}
             for machine in machines
@@ -123,8 +203,10 @@ def test_only_the_main_process_writes_the_run(launched_runs, launch):
     """Checkpoints, averaging, evaluation, the card and the predictions are written by rank 0, each once; the data
     cache of each machine (its HF_DATASETS_CACHE) by the machine's first process, which the others wait for."""
     output, other_outputs, writes = launched_runs[launch]
-    run_writes = {rank: [line for line in lines if not line.split(" ", 1)[1].startswith("datasets")]
-                  for rank, lines in writes.items()}  # fmt: skip
+    run_writes = {
+        rank: [line for line in lines if not line.split(" ", 1)[1].startswith("datasets")]
+        for rank, lines in writes.items()
+    }
     assert {rank for rank, lines in run_writes.items() if lines} == {"0"}, run_writes
     for machine in [output.parent, *(other.parent for other in other_outputs)]:  # each its own tokenized data
         assert any((machine / "datasets").rglob("cache-*.arrow")), machine.name
@@ -159,9 +241,11 @@ def test_processes_that_do_not_join_one_run_are_an_error(tmp_path):
     run = DISTRIBUTED_RUN[:cpu] + DISTRIBUTED_RUN[cpu + 2 :]
     result = subprocess.run(
         [sys.executable, *launcher, *run, "--output_dir", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-    )  # fmt: skip
+    )
     assert result.returncode != 0
     assert "started as one of 2 processes (WORLD_SIZE=2) that did not join one distributed run" in result.stderr
     assert "give --use_cpu true" in result.stderr and not (tmp_path / "run").exists()
@@ -177,4 +261,6 @@ def test_the_fsdp_recipe_is_an_accelerate_config_for_the_layers():
     assert config.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     assert config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
     assert VanillaTransformerForConditionalGeneration._no_split_modules == [
-        "VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]  # fmt: skip
+        "VanillaTransformerEncoderLayer",
+        "VanillaTransformerDecoderLayer",
+    ]

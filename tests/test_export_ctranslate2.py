@@ -101,14 +101,27 @@ def test_a_variant_ctranslate2_cannot_run_and_a_foreign_folder_are_refused(tmp_p
     model = tiny_model()  # 4 encoder heads, 2 decoder heads: CTranslate2 has one head count
     model.save_pretrained(tmp_path / "variant")
     letter_tokenizer().save_pretrained(tmp_path / "variant")
-    with pytest.raises(ValueError, match=r"variant/config.json: decoder_attention_heads=2 differs from "
-                                         r"encoder_attention_heads=4: CTranslate2 has one head count"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"variant/config.json: decoder_attention_heads=2 differs from "
+        r"encoder_attention_heads=4: CTranslate2 has one head count",
+    ):
         export(str(tmp_path / "variant"), str(tmp_path / "out"))
     with pytest.raises(ModelFolderError, match=r"not a model folder \(no config.json\)"):
         export(str(tmp_path / "nothing"), str(tmp_path / "out"))
-    marian = MarianMTModel(MarianConfig(vocab_size=14, d_model=16, encoder_layers=1, decoder_layers=1,
-                                        encoder_ffn_dim=16, decoder_ffn_dim=16, pad_token_id=1, eos_token_id=2,
-                                        decoder_start_token_id=1))  # fmt: skip
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=14,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_ffn_dim=16,
+            decoder_ffn_dim=16,
+            pad_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=1,
+        )
+    )
     marian.save_pretrained(tmp_path / "marian")
     letter_tokenizer().save_pretrained(tmp_path / "marian")
     with pytest.raises(ModelFolderError, match=r"marian/config.json: model_type 'marian' is not ours"):
@@ -122,8 +135,9 @@ def test_the_command_exports_a_folder_and_reports_bad_input_in_one_line(tmp_path
     model = tiny_model(decoder_attention_heads=4, vocab_size=14)  # one head count, as CTranslate2 needs
     model.save_pretrained(tmp_path / "model")
     letter_tokenizer().save_pretrained(tmp_path / "model")
-    export_ctranslate2_main(["--model", str(tmp_path / "model"), "--output_dir", str(tmp_path / "ct2"),
-                             "--quantization", "int8"])  # fmt: skip
+    export_ctranslate2_main(
+        ["--model", str(tmp_path / "model"), "--output_dir", str(tmp_path / "ct2"), "--quantization", "int8"]
+    )
     assert capsys.readouterr().out == f"Wrote a CTranslate2 model (int8) to {tmp_path / 'ct2'}\n"
     assert is_ctranslate2_folder(str(tmp_path / "ct2"))
     with pytest.raises(SystemExit) as exit_info:

@@ -73,10 +73,19 @@ def test_the_folder_carries_config_decoding_tokenizer_and_card(exported_pair):
     assert config["model_type"] == "marian" and config["architectures"] == ["MarianMTModel"]
     assert "auto_map" not in config and "custom_pipelines" not in config
     assert not list(marian_folder.glob("*.py"))  # no code travels
-    expected = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 0,
-                "scale_embedding": True, "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
-                "activation_function": "relu", "encoder_attention_heads": 4, "decoder_attention_heads": 2,
-                "forced_eos_token_id": None}  # fmt: skip
+    expected = {
+        "pad_token_id": 1,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "decoder_start_token_id": 0,
+        "scale_embedding": True,
+        "share_encoder_decoder_embeddings": True,
+        "tie_word_embeddings": True,
+        "activation_function": "relu",
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 2,
+        "forced_eos_token_id": None,
+    }
     assert {key: config[key] for key in expected} == expected
     generation = json.loads((marian_folder / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["length_penalty"], generation["max_length"]) == (4, 0.6, 24)
@@ -166,6 +175,7 @@ def test_the_trained_models_export_translates_as_it_does(trained_run, model_and_
     sources = [source for source, _ in read_translation_file(TEST, "en", "de")][:200]
     for start in range(0, len(sources), 20):
         batch = sources[start : start + 20]
-        expected = generate_text(model, tokenizer, batch, num_beams=num_beams, max_new_tokens=60,
-                                 max_new_tokens_over_source=None)  # fmt: skip
+        expected = generate_text(
+            model, tokenizer, batch, num_beams=num_beams, max_new_tokens=60, max_new_tokens_over_source=None
+        )
         assert generate_text(marian, tokenizer, batch, num_beams=num_beams, max_new_tokens=60) == expected

@@ -49,9 +49,14 @@ def test_the_graphs_compute_our_logits_step_by_step_from_their_own_past(onnx_exp
     for position in range(targets.shape[1]):
         outputs = translator.decoder.run(
             None,
-            {"input_ids": targets[:, position : position + 1], "encoder_attention_mask": batch["attention_mask"],
-             "encoder_hidden_states": hidden, "use_cache_branch": np.array([position > 0]), **past},
-        )  # fmt: skip
+            {
+                "input_ids": targets[:, position : position + 1],
+                "encoder_attention_mask": batch["attention_mask"],
+                "encoder_hidden_states": hidden,
+                "use_cache_branch": np.array([position > 0]),
+                **past,
+            },
+        )
         np.testing.assert_allclose(outputs[0][:, 0], expected[:, position], atol=1e-4, rtol=0, err_msg=str(position))
         past = dict(zip(translator.past_names, outputs[1:], strict=False))
         cross_attention = outputs[-1]  # the last layer's: each head's weights over the source sum to 1
@@ -69,14 +74,16 @@ def test_onnx_runtime_decodes_as_generate_greedy_each_sentence_to_its_limit(onnx
     generated = translator.generate(batch["input_ids"], batch["attention_mask"], max_new_tokens)
     with torch.no_grad():
         expected = model.generate(
-            **{name: torch.from_numpy(value) for name, value in batch.items()}, num_beams=1,
+            **{name: torch.from_numpy(value) for name, value in batch.items()},
+            num_beams=1,
             **({"max_new_tokens": max_new_tokens} if max_new_tokens else {}),
-        )[:, 1:]  # fmt: skip
+        )[:, 1:]
     assert generated.tolist() == expected.tolist()
     lengths = (generated != 1).sum(-1)  # each sentence ends, with </s>, at its own source length + 50
     assert lengths.tolist() == ([3] * 4 if max_new_tokens else (batch["attention_mask"].sum(-1) + 50).tolist())
-    assert translator.translate(SENTENCES, batch_size=3, max_new_tokens=max_new_tokens) == letter_tokenizer(
-    ).batch_decode(expected, skip_special_tokens=True)  # fmt: skip
+    assert translator.translate(
+        SENTENCES, batch_size=3, max_new_tokens=max_new_tokens
+    ) == letter_tokenizer().batch_decode(expected, skip_special_tokens=True)
 
 
 def test_vanilla_translate_translates_the_folder_greedily_as_generate_does(onnx_export, tmp_path, capsys):
@@ -103,8 +110,11 @@ def test_the_int8_graphs_decode_close_to_float32(onnx_export):
     # the decoder's weights are int8, stored once for both branches of its If
     decoder = onnx.load(str(folder / "onnx" / "decoder_model_merged_quantized.onnx"))
     shared_types = {constant.data_type for constant in decoder.graph.initializer}
-    assert onnx.TensorProto.INT8 in shared_types and (folder / "onnx" / "decoder_model_merged_quantized.onnx").stat(
-    ).st_size < (folder / "onnx" / "decoder_model_merged.onnx").stat().st_size  # fmt: skip
+    assert (
+        onnx.TensorProto.INT8 in shared_types
+        and (folder / "onnx" / "decoder_model_merged_quantized.onnx").stat().st_size
+        < (folder / "onnx" / "decoder_model_merged.onnx").stat().st_size
+    )
 
 
 def test_the_folder_is_a_marian_model_in_the_layout_transformers_js_reads(onnx_export):
@@ -116,9 +126,11 @@ def test_the_folder_is_a_marian_model_in_the_layout_transformers_js_reads(onnx_e
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation.get("num_beams", 1) == 1 and generation["max_new_tokens_over_source"] == 50
     assert {path.name for path in (folder / "onnx").iterdir()} == {
-        "encoder_model.onnx", "decoder_model_merged.onnx",
-        "encoder_model_quantized.onnx", "decoder_model_merged_quantized.onnx",
-    }  # fmt: skip
+        "encoder_model.onnx",
+        "decoder_model_merged.onnx",
+        "encoder_model_quantized.onnx",
+        "decoder_model_merged_quantized.onnx",
+    }
     decoder = onnx.load(str(folder / "onnx" / "decoder_model_merged.onnx"), load_external_data=False)
 
     def dims(value):

@@ -97,8 +97,11 @@ def test_run_translation_pushes_one_complete_folder(trained_run):
     card = ModelCard(files["README.md"].decode())
     assert card.data.model_name == "someone/tiny-en-de" and "translation" in card.data.tags
     assert {(r.dataset_split, r.metric_type) for r in card.data.eval_results} == {
-        ("validation", "bleu"), ("validation", "chrf"), ("test", "bleu"), ("test", "chrf"),
-    }  # fmt: skip
+        ("validation", "bleu"),
+        ("validation", "chrf"),
+        ("test", "bleu"),
+        ("test", "chrf"),
+    }
 
 
 def test_model_and_tokenizer_push_to_hub(model_and_tokenizer):
@@ -110,9 +113,14 @@ def test_model_and_tokenizer_push_to_hub(model_and_tokenizer):
     (model_repo, model_files), (tokenizer_repo, tokenizer_files) = commits
     assert model_repo == tokenizer_repo == "someone/pushed"
     assert set(model_files) == {
-        "model.safetensors", "config.json", "generation_config.json", "configuration_vanilla_transformer.py",
-        "modeling_vanilla_transformer.py", "pipeline_translation.py", "README.md",
-    }  # fmt: skip
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "configuration_vanilla_transformer.py",
+        "modeling_vanilla_transformer.py",
+        "pipeline_translation.py",
+        "README.md",
+    }
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(tokenizer_files)
     tags = ModelCard(model_files["README.md"].decode()).data.tags
     assert {"translation", "vanilla-transformer"} <= set(tags)
@@ -200,8 +208,22 @@ def test_push_to_hub_without_a_login_or_a_hub_stops_before_training(tmp_path, no
     train = write_lines(tmp_path / "train.jsonl", ['{"translation": {"en": "A cat.", "de": "Eine Katze."}}'] * 20)
     output = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_info:
-        run_translation.main(["--train_file", train, "--do_train", "--output_dir", str(output), "--report_to", "none",
-                              "--push_to_hub", "true", "--hub_model_id", "someone/model", *flags])  # fmt: skip
+        run_translation.main(
+            [
+                "--train_file",
+                train,
+                "--do_train",
+                "--output_dir",
+                str(output),
+                "--report_to",
+                "none",
+                "--push_to_hub",
+                "true",
+                "--hub_model_id",
+                "someone/model",
+                *flags,
+            ]
+        )
     error = str(exit_info.value.code)
     assert error.startswith("run_translation.py: error: cannot push to the Hugging Face Hub (") and "\n" not in error
     assert re.search(message, error) and error.endswith("or push the finished folder later with vanilla-push-to-hub")
@@ -275,8 +297,15 @@ def finished_folders(tmp_path_factory) -> dict[str, Path]:
     model.save_pretrained(ours / "checkpoint-5")
     letter_tokenizer().save_pretrained(ours)
     results = {"test": {"bleu": 1.0, "chrf": 2.0}}
-    card = render_model_card(model, model_id=str(ours), source_lang="en", target_lang="de", results=results,
-                             training={}, example_source="a b")  # fmt: skip
+    card = render_model_card(
+        model,
+        model_id=str(ours),
+        source_lang="en",
+        target_lang="de",
+        results=results,
+        training={},
+        example_source="a b",
+    )
     card.save(ours / "README.md")
     for name in ("all_results.json", "eval_results.json", "run_record.json"):
         (ours / name).write_text(json.dumps(results))

@@ -52,8 +52,19 @@ def generated(folder, sentence: str, **decoding) -> str:
 def vanilla_translate(folder, lines: list[str], tmp_path, *flags) -> list[str]:
     output = tmp_path / "out.txt"
     handlers = {stop: signal.getsignal(stop) for stop in (signal.SIGINT, signal.SIGTERM)}
-    translate_main(["--model", str(folder), "--input", write_lines(tmp_path / "in.txt", lines),
-                    "--output", str(output), "--dtype", "float32", *flags])  # fmt: skip
+    translate_main(
+        [
+            "--model",
+            str(folder),
+            "--input",
+            write_lines(tmp_path / "in.txt", lines),
+            "--output",
+            str(output),
+            "--dtype",
+            "float32",
+            *flags,
+        ]
+    )
     # the command's Ctrl-C handling is its own: the caller's handlers are back
     assert {stop: signal.getsignal(stop) for stop in handlers} == handlers
     return output.read_text(encoding="utf-8").splitlines()
@@ -63,8 +74,9 @@ def test_whitespace_around_a_sentence_and_empty_sentences_alike_everywhere(folde
     expected = generated(folder, SENTENCE)
     assert expected  # an empty translation would pass as one of an empty line
     assert vanilla_translate(folder, [PADDED, "", " \t", SENTENCE], tmp_path) == [expected, "", "", expected]
-    translator = TranslationPipeline(model=AutoModelForSeq2SeqLM.from_pretrained(folder),
-                                     tokenizer=AutoTokenizer.from_pretrained(folder))  # fmt: skip
+    translator = TranslationPipeline(
+        model=AutoModelForSeq2SeqLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder)
+    )
     assert translator(PADDED) == translator(SENTENCE) == [{"translation_text": expected}]
     assert translator("") == translator("  ") == [{"translation_text": ""}]
     assert translator(["", PADDED, " "]) == [{"translation_text": t} for t in ("", expected, "")]

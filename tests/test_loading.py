@@ -84,48 +84,89 @@ def drop_config_keys(folder: Path, *names: str, **values) -> None:
 @pytest.mark.parametrize(
     "break_folder, file, message",
     [
-        (lambda f: edit_config(f, d_model=10**12), "config.json", "describes a model of at least 531,000,000,000,000 "
-         "weights, but {folder}/model.safetensors holds 50,968; they do not belong together"),
+        (
+            lambda f: edit_config(f, d_model=10**12),
+            "config.json",
+            "describes a model of at least 531,000,000,000,000 "
+            "weights, but {folder}/model.safetensors holds 50,968; they do not belong together",
+        ),
         (lambda f: edit_config(f, encoder_layers=10**9), "config.json", "describes a model of at least"),
         (lambda f: edit_config(f, max_position_embeddings=2**60), "config.json", "needs at least"),
-        (lambda f: edit_config(f, layer_norm_eps=float("inf")), "config.json",
-         "VanillaTransformerConfig.layer_norm_eps=inf is invalid: it must be positive and finite"),
+        (
+            lambda f: edit_config(f, layer_norm_eps=float("inf")),
+            "config.json",
+            "VanillaTransformerConfig.layer_norm_eps=inf is invalid: it must be positive and finite",
+        ),
         (lambda f: edit_config(f, dropout=float("nan")), "config.json", "dropout=nan is invalid: it must be in [0, 1)"),
-        (lambda f: edit_config(f, d_model="32"), "config.json",
-         "Validation error for field 'd_model': TypeError: Field 'd_model' expected int, got str (value: '32')"),
-        (lambda f: drop_config_keys(f, "auto_map", model_type="bert"), "", "Unrecognized configuration class "
-         "<class 'transformers.models.bert.configuration_bert.BertConfig'> for this kind of AutoModel: "
-         "AutoModelForSeq2SeqLM."),
-        (lambda f: drop_config_keys(f, "auto_map", model_type="not_registered"), "config.json",
-         "has model type `not_registered` but Transformers does not recognize this architecture"),
-        (lambda f: drop_config_keys(f, "auto_map", model_type=None), "config.json",
-         "has model type `None` but Transformers does not"),
-        (lambda f: drop_config_keys(f, "auto_map", "model_type"), "config.json",
-         "Should have a `model_type` key in its config.json"),
+        (
+            lambda f: edit_config(f, d_model="32"),
+            "config.json",
+            "Validation error for field 'd_model': TypeError: Field 'd_model' expected int, got str (value: '32')",
+        ),
+        (
+            lambda f: drop_config_keys(f, "auto_map", model_type="bert"),
+            "",
+            "Unrecognized configuration class "
+            "<class 'transformers.models.bert.configuration_bert.BertConfig'> for this kind of AutoModel: "
+            "AutoModelForSeq2SeqLM.",
+        ),
+        (
+            lambda f: drop_config_keys(f, "auto_map", model_type="not_registered"),
+            "config.json",
+            "has model type `not_registered` but Transformers does not recognize this architecture",
+        ),
+        (
+            lambda f: drop_config_keys(f, "auto_map", model_type=None),
+            "config.json",
+            "has model type `None` but Transformers does not",
+        ),
+        (
+            lambda f: drop_config_keys(f, "auto_map", "model_type"),
+            "config.json",
+            "Should have a `model_type` key in its config.json",
+        ),
         # our folders name our code (auto_map): with an unknown model type transformers refuses to run it
         (lambda f: edit_config(f, model_type="bert"), "", "contains custom code which must be executed"),
-        (lambda f: edit_config(f, required_versions={"transformers": "99.1.0"}), "config.json",
-         "this model (required_versions in its config) needs transformers >= 99.1.0; this Python has transformers "
-         f"{transformers.__version__}"),
+        (
+            lambda f: edit_config(f, required_versions={"transformers": "99.1.0"}),
+            "config.json",
+            "this model (required_versions in its config) needs transformers >= 99.1.0; this Python has transformers "
+            f"{transformers.__version__}",
+        ),
         (lambda f: edit_config(f, required_versions={"torch": "two"}), "config.json", "'two' is not a version number"),
         (lambda f: (f / "config.json").write_text("[1, 2]"), "config.json", "holds a JSON list, not an object"),
         (lambda f: (f / "config.json").write_bytes(b"\x00\xff"), "config.json", "not a valid JSON file"),
         (lambda f: edit_weights(f, set_nan), "model.safetensors", "model.shared.weight holds NaN or infinite values"),
-        (lambda f: edit_weights(f, set_inf), "model.safetensors",
-         "model.decoder.layers.0.feed_forward.fc1.weight holds NaN or infinite values"),
-        (lambda f: edit_weights(f, drop_bias), "model.safetensors",
-         "1 weights missing, the first model.encoder.layers.1.feed_forward.fc2.bias"),
-        (lambda f: edit_weights(f, add_tensor), "model.safetensors",
-         "1 weights unexpected, the first model.encoder.layers.1.feed_forward.fc3.weight"),
+        (
+            lambda f: edit_weights(f, set_inf),
+            "model.safetensors",
+            "model.decoder.layers.0.feed_forward.fc1.weight holds NaN or infinite values",
+        ),
+        (
+            lambda f: edit_weights(f, drop_bias),
+            "model.safetensors",
+            "1 weights missing, the first model.encoder.layers.1.feed_forward.fc2.bias",
+        ),
+        (
+            lambda f: edit_weights(f, add_tensor),
+            "model.safetensors",
+            "1 weights unexpected, the first model.encoder.layers.1.feed_forward.fc3.weight",
+        ),
         (lambda f: edit_weights(f, reshape_fc1), "", "You set `ignore_mismatched_sizes` to `False`"),
-        (lambda f: (f / "model.safetensors").write_bytes(b"\x10"), "model.safetensors",
-         "not a readable safetensors file (Error while deserializing header: header too small)"),
+        (
+            lambda f: (f / "model.safetensors").write_bytes(b"\x10"),
+            "model.safetensors",
+            "not a readable safetensors file (Error while deserializing header: header too small)",
+        ),
         (lambda f: (f / "model.safetensors").unlink(), "", "no file named model.safetensors"),
         (lambda f: (f / "tokenizer.json").write_text('{"version": '), "tokenizer.json", "not a valid JSON file"),
-        (lambda f: (f / "tokenizer.json").unlink(), "",
-         "no usable tokenizer (no tokenizer.json, and transformers could build none from the other files)"),
+        (
+            lambda f: (f / "tokenizer.json").unlink(),
+            "",
+            "no usable tokenizer (no tokenizer.json, and transformers could build none from the other files)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_each_broken_folder_is_one_line_naming_the_file(model_folder, tmp_path, break_folder, file, message):
     folder = broken_copy(model_folder, tmp_path / "broken")
     break_folder(folder)
@@ -196,8 +237,11 @@ CONFIG_VALUES = st.one_of(JSON_VALUES, st.integers(-3, 3000), st.integers(2**40,
 
 
 @FUZZ_SETTINGS
-@given(changes=st.dictionaries(st.sampled_from(sorted(json.loads(tiny_model().config.to_json_string()))), CONFIG_VALUES,
-                               min_size=1, max_size=3))  # fmt: skip
+@given(
+    changes=st.dictionaries(
+        st.sampled_from(sorted(json.loads(tiny_model().config.to_json_string()))), CONFIG_VALUES, min_size=1, max_size=3
+    )
+)
 def test_any_config_json_loads_a_usable_model_or_is_one_line_naming_the_folder(model_folder, changes):
     with tempfile.TemporaryDirectory() as scratch:
         folder = broken_copy(model_folder, Path(scratch) / "fuzz")

@@ -109,17 +109,27 @@ def test_bleu_tokenize_overrides_the_target_language(metric):
 
 @pytest.mark.parametrize(
     ("target_language", "sacrebleu_code", "tokenization"),
-    [("de", "de", "13a"), ("en", "en", "13a"), (None, "", "13a"), ("zh", "zh", "zh"), ("zh-Hant", "zh", "zh"),
-     ("ja", "ja", "ja-mecab"), ("jpn", "ja", "ja-mecab"), ("ko-KR", "ko", "ko-mecab"), ("zu", "zu", "13a")],
-)  # fmt: skip
+    [
+        ("de", "de", "13a"),
+        ("en", "en", "13a"),
+        (None, "", "13a"),
+        ("zh", "zh", "zh"),
+        ("zh-Hant", "zh", "zh"),
+        ("ja", "ja", "ja-mecab"),
+        ("jpn", "ja", "ja-mecab"),
+        ("ko-KR", "ko", "ko-mecab"),
+        ("zu", "zu", "13a"),
+    ],
+)
 def test_tokenization_follows_sacrebleus_choice_for_each_language(target_language, sacrebleu_code, tokenization):
     assert bleu_tokenization(target_language) == tokenization
     # sacreBLEU's own choice for the two-letter code (it knows neither regions, scripts nor three-letter codes)
     assert sacrebleu.metrics.BLEU._TOKENIZER_MAP.get(sacrebleu_code, "13a") == tokenization
 
 
-@pytest.mark.parametrize(("target_language", "module", "extra"), [("ja", "MeCab", "sacrebleu[ja]"),
-                                                                  ("ko", "mecab_ko", "sacrebleu[ko]")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("target_language", "module", "extra"), [("ja", "MeCab", "sacrebleu[ja]"), ("ko", "mecab_ko", "sacrebleu[ko]")]
+)
 def test_japanese_and_korean_need_mecab_or_say_which_extra_installs_it(metric, target_language, module, extra):
     compute = {"predictions": ["a b"], "references": [["a b"]], "target_language": target_language}
     if importlib.util.find_spec(module) is None:

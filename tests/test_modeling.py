@@ -214,10 +214,13 @@ def test_every_weight_is_named_by_its_role():
         encoder_layers=1, decoder_layers=1, layer_norm_position="pre", position_embedding_type="learned"
     )
     assert set(variant.state_dict()) - set(model.state_dict()) == {
-        "model.encoder.embeddings.embed_positions.weight", "model.encoder.layer_norm.weight",
-        "model.encoder.layer_norm.bias", "model.decoder.embeddings.embed_positions.weight",
-        "model.decoder.layer_norm.weight", "model.decoder.layer_norm.bias",
-    }  # fmt: skip
+        "model.encoder.embeddings.embed_positions.weight",
+        "model.encoder.layer_norm.weight",
+        "model.encoder.layer_norm.bias",
+        "model.decoder.embeddings.embed_positions.weight",
+        "model.decoder.layer_norm.weight",
+        "model.decoder.layer_norm.bias",
+    }
 
 
 def copy_into_torch_transformer(model) -> nn.Transformer:
@@ -428,8 +431,11 @@ def batches_of_changing_shape(count: int, seed: int = 0):
         rows, source, target = 2 + step % 3, 4 + 3 * step % 11, 3 + 5 * step % 9
         input_ids = torch.randint(4, 99, (rows, source), generator=generator)
         input_ids[0, -2:] = torch.tensor([EOS, PAD])  # padding too
-        yield {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(),
-               "labels": torch.randint(4, 99, (rows, target), generator=generator)}  # fmt: skip
+        yield {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != PAD).long(),
+            "labels": torch.randint(4, 99, (rows, target), generator=generator),
+        }
 
 
 @pytest.mark.slow
@@ -640,9 +646,14 @@ def test_edge_batches_give_finite_losses_gradients_and_scores(attn_implementatio
     model.eval()
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
         generated = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=5,
-            output_logits=True, output_scores=True, return_dict_in_generate=True,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            num_beams=2,
+            max_new_tokens=5,
+            output_logits=True,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
     assert all(torch.isfinite(logits).all() for logits in generated.logits)
     assert torch.isfinite(generated.sequences_scores).all()
     assert not any(torch.isnan(scores).any() for scores in generated.scores)  # -inf marks tokens a rule forbids

@@ -50,8 +50,11 @@ def test_transformers_js_in_node_translates_as_onnx_runtime_in_python(exported):
     assert (WEB / "node_modules" / "@huggingface" / "transformers").is_dir(), "run setup.sh: demo/web has no packages"
     result = subprocess.run(
         [node, str(WEB / "translate.mjs"), str(folder), "fp32"],
-        input="\n".join(sources) + "\n", capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        input="\n".join(sources) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == translations
 
@@ -66,8 +69,9 @@ def test_the_page_translates_in_a_browser_offline_and_draws_the_cross_attention(
     with open(log, "w") as output:
         server = subprocess.Popen(
             [sys.executable, str(WEB / "serve.py"), "--model", str(folder), "--port", str(port)],
-            stdout=output, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     try:
         with headless_chromium(offline=True) as browser:
             wait = WebDriverWait(browser, 120)
@@ -80,8 +84,10 @@ def test_the_page_translates_in_a_browser_offline_and_draws_the_cross_attention(
             assert browser.find_element(By.ID, "translation").text == translations[0]
             sources_drawn = browser.find_elements(By.CSS_SELECTOR, "#attention .source")
             targets_drawn = browser.find_elements(By.CSS_SELECTOR, "#attention .target")
-            weights = [float(cell.get_attribute("data-weight")) for cell in
-                       browser.find_elements(By.CSS_SELECTOR, "#attention .weight")]  # fmt: skip
+            weights = [
+                float(cell.get_attribute("data-weight"))
+                for cell in browser.find_elements(By.CSS_SELECTOR, "#attention .weight")
+            ]
             assert sources_drawn[-1].text == "</s>" and targets_drawn[-1].text == "</s>"
             rows = np.array(weights).reshape(len(targets_drawn), len(sources_drawn))
             np.testing.assert_allclose(rows.sum(1), 1, atol=1e-4)  # each output token's attention over the source

@@ -81,14 +81,33 @@ def test_a_run_trains_in_bfloat16_with_eager_attention_exactly_on_a_cpu_with_bf1
 ):
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "")  # so that the variable the run sets goes with the test
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
-    rows = [{"en": f"The {a} is {b}.", "de": f"Die {c} ist {d}."} for a, c in (("cat", "Katze"), ("dog", "Hund"),
-            ("bird", "Vogel")) for b, d in (("small", "klein"), ("big", "groß"), ("old", "alt"))]  # fmt: skip
+    rows = [
+        {"en": f"The {a} is {b}.", "de": f"Die {c} ist {d}."}
+        for a, c in (("cat", "Katze"), ("dog", "Hund"), ("bird", "Vogel"))
+        for b, d in (("small", "klein"), ("big", "groß"), ("old", "alt"))
+    ]
     folder = write_dataset(tmp_path / "data", {"train": rows, "test": rows[:3]})
     output = tmp_path / "run"
-    run = prepare(*run_translation.parse_arguments([
-        *TINY_MODEL_RUN, "--dataset_name", folder, "--vocab_size", "300", "--max_steps", "3", "--warmup_steps", "1",
-        "--do_eval", "false", "--output_dir", str(output), *flags,
-    ]))  # fmt: skip
+    run = prepare(
+        *run_translation.parse_arguments(
+            [
+                *TINY_MODEL_RUN,
+                "--dataset_name",
+                folder,
+                "--vocab_size",
+                "300",
+                "--max_steps",
+                "3",
+                "--warmup_steps",
+                "1",
+                "--do_eval",
+                "false",
+                "--output_dir",
+                str(output),
+                *flags,
+            ]
+        )
+    )
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNELS_KEPT)  # before the first product
     bf16 = bf16_units and flags != ["--bf16", "false"]
     eager = bf16 and not flags

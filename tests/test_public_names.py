@@ -16,8 +16,11 @@ import pytest
 from support.paths import REPO_ROOT
 
 THEIRS = ("transformers", "accelerate", "datasets", "evaluate")
-SCANNED = [*sorted((REPO_ROOT / "hf_vanilla_transformer").rglob("*.py")), REPO_ROOT / "run_translation.py",
-           REPO_ROOT / "train_bpe.py"]  # fmt: skip
+SCANNED = [
+    *sorted((REPO_ROOT / "hf_vanilla_transformer").rglob("*.py")),
+    REPO_ROOT / "run_translation.py",
+    REPO_ROOT / "train_bpe.py",
+]
 
 # The extension points transformers and evaluate document for authors: the names a model, a custom pipeline or a
 # metric declares or overrides, and nothing else.
@@ -61,8 +64,10 @@ class Use:
 
 # How their source reaches a private name on an object: `x._name`, `getattr(x, "_name")` and its kin, and the
 # methods it defines
-THEIR_ATTRIBUTE = re.compile(r"""\.(_[A-Za-z]\w*)|(?:get|has|set|del)attr\([^,()]+,\s*["'](_[A-Za-z]\w*)["']|"""
-                             r"def (_[A-Za-z]\w*)\(\s*(?:self|cls)\b")  # fmt: skip
+THEIR_ATTRIBUTE = re.compile(
+    r"""\.(_[A-Za-z]\w*)|(?:get|has|set|del)attr\([^,()]+,\s*["'](_[A-Za-z]\w*)["']|"""
+    r"def (_[A-Za-z]\w*)\(\s*(?:self|cls)\b"
+)
 
 
 @functools.cache
@@ -185,8 +190,11 @@ class Scan(ast.NodeVisitor):
 
     def redefines(self, name: str) -> bool:
         enclosing = self.classes[-1] if self.classes else None
-        return enclosing is not None and is_private(name) and overrides(self.module, enclosing.name, name,
-                                                                         self.their_names)  # fmt: skip
+        return (
+            enclosing is not None
+            and is_private(name)
+            and overrides(self.module, enclosing.name, name, self.their_names)
+        )
 
     def visit_Attribute(self, node):
         on_self = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
@@ -217,9 +225,11 @@ def ours(trees: dict[str, ast.Module], modules: dict, derived: set[str], their_n
         for node in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
             for statement in node.body:
                 targets = getattr(statement, "targets", [getattr(statement, "target", None)])
-                defined = [statement.name] if isinstance(statement, ast.FunctionDef) else [
-                    target.id for target in targets if isinstance(target, ast.Name)
-                ]  # fmt: skip
+                defined = (
+                    [statement.name]
+                    if isinstance(statement, ast.FunctionDef)
+                    else [target.id for target in targets if isinstance(target, ast.Name)]
+                )
                 names.update(name for name in defined if not overrides(modules[file], node.name, name, their_names))
             if node.name not in derived:
                 for inner in ast.walk(node):
@@ -312,6 +322,12 @@ def test_the_scan_finds_each_kind_of_use(tmp_path):
     )
     found = sorted((use.line, use.name) for use in private_uses([sample]))
     assert found == [
-        (2, "_is_peft_model"), (3, "transformers.utils._hub"), (5, "_tied_weights_keys"), (6, "_save_checkpoint"),
-        (7, "_signature_columns"), (8, "_save_checkpoint"), (14, "_models"), (14, "_n_gpu"),
-    ]  # fmt: skip
+        (2, "_is_peft_model"),
+        (3, "transformers.utils._hub"),
+        (5, "_tied_weights_keys"),
+        (6, "_save_checkpoint"),
+        (7, "_signature_columns"),
+        (8, "_save_checkpoint"),
+        (14, "_models"),
+        (14, "_n_gpu"),
+    ]

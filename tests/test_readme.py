@@ -35,8 +35,7 @@ def test_the_model_in_python_runs_as_written(tmp_path, monkeypatch):
 
 CHINESE_PAGE = REPO_ROOT / "README_zh-hans.md"
 # what turns the page's two 24-minute trainings into a minute's check: fewer steps and sentences, nothing else
-SHORT_RUN = ["--max_steps", "4", "--max_train_samples", "500", "--max_eval_samples", "4",
-             "--max_predict_samples", "4"]  # fmt: skip
+SHORT_RUN = ["--max_steps", "4", "--max_train_samples", "500", "--max_eval_samples", "4", "--max_predict_samples", "4"]
 
 
 def bash_commands(page: Path) -> list[str]:

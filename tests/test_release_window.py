@@ -35,8 +35,10 @@ def below_the_floor(tmp_path_factory):
     python = str(venv / "bin" / "python")
     subprocess.run(
         [python, "-m", "pip", "install", "-q", f"transformers=={BELOW_THE_FLOOR}"],  # with the releases it needs
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return python
 
 

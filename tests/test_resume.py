@@ -19,12 +19,32 @@ from support.paths import REPO_ROOT, TRAIN
 @pytest.mark.slow
 def test_resume_from_checkpoint(tmp_path):
     tiny = [
-        "--train_file", TRAIN, "--max_train_samples", "600", "--vocab_size", "400",
-        "--config_overrides", "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1",
-        "--do_train", "--max_tokens_per_batch", "600", "--save_steps", "4", "--logging_steps", "2",
-        "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true", "--output_dir", str(tmp_path / "run"),
-        "--max_train_minutes", "60",  # a budget that never ends the run, and records the training time
-    ]  # fmt: skip
+        "--train_file",
+        TRAIN,
+        "--max_train_samples",
+        "600",
+        "--vocab_size",
+        "400",
+        "--config_overrides",
+        "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1",
+        "--do_train",
+        "--max_tokens_per_batch",
+        "600",
+        "--save_steps",
+        "4",
+        "--logging_steps",
+        "2",
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "true",
+        "--disable_tqdm",
+        "true",
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--max_train_minutes",
+        "60",  # a budget that never ends the run, and records the training time
+    ]
     run_translation.main([*tiny, "--max_steps", "4"])
     checkpoint = tmp_path / "run" / "checkpoint-4"
     assert (checkpoint / "model.safetensors").exists()
@@ -49,14 +69,42 @@ def test_resume_from_checkpoint(tmp_path):
 # A 1+1-layer model with dropout, token budgets, a checkpoint every 24 steps and averaging of the last 3: a whole
 # run takes a few seconds, most of them starting Python.
 KILLED_RUN = [
-    "run_translation.py", "--preset", "small", "--config_overrides",
+    "run_translation.py",
+    "--preset",
+    "small",
+    "--config_overrides",
     "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1,"
     "encoder_attention_heads=2,decoder_attention_heads=2",
-    "--train_file", TRAIN, "--max_train_samples", "120", "--vocab_size", "500", "--do_train",
-    "--max_tokens_per_batch", "600", "--max_steps", "240", "--warmup_steps", "10", "--save_steps", "24",
-    "--save_total_limit", "4", "--average_last_checkpoints", "3", "--logging_steps", "4", "--seed", "3",
-    "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true",
-]  # fmt: skip
+    "--train_file",
+    TRAIN,
+    "--max_train_samples",
+    "120",
+    "--vocab_size",
+    "500",
+    "--do_train",
+    "--max_tokens_per_batch",
+    "600",
+    "--max_steps",
+    "240",
+    "--warmup_steps",
+    "10",
+    "--save_steps",
+    "24",
+    "--save_total_limit",
+    "4",
+    "--average_last_checkpoints",
+    "3",
+    "--logging_steps",
+    "4",
+    "--seed",
+    "3",
+    "--report_to",
+    "none",
+    "--use_cpu",
+    "true",
+    "--disable_tqdm",
+    "true",
+]
 KILL_TIMEOUT = 240
 
 
@@ -96,8 +144,13 @@ def uninterrupted_run(request, tmp_path_factory) -> tuple[list[str], Path]:
     CPU has bf16 units, float32 elsewhere), and its output folder."""
     run = [*KILLED_RUN, "--bf16", request.param]
     output = tmp_path_factory.mktemp("uninterrupted") / "run"
-    result = subprocess.run([sys.executable, *run, "--output_dir", str(output)], cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=KILL_TIMEOUT)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, *run, "--output_dir", str(output)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=KILL_TIMEOUT,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return run, output
 
@@ -127,8 +180,13 @@ def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_ru
         phases = ("step", "checkpoint", "averaging")
         outcomes = [kill_when(run, killed, phase, rng) for phase in phases]
     assert outcomes == ["killed"] * 3
-    restart = subprocess.run([sys.executable, *run, "--output_dir", str(killed), "--resume_from_checkpoint"],
-                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=KILL_TIMEOUT)  # fmt: skip
+    restart = subprocess.run(
+        [sys.executable, *run, "--output_dir", str(killed), "--resume_from_checkpoint"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=KILL_TIMEOUT,
+    )
     assert restart.returncode == 0, restart.stderr[-2000:]
     assert (killed / "model.safetensors").read_bytes() == (uninterrupted / "model.safetensors").read_bytes()
     # every training loss logged on the way, the resumed run's read from its checkpoints, is the same
@@ -211,8 +269,17 @@ def test_resuming_by_path_from_a_half_written_checkpoint_takes_the_newest_comple
 def test_resuming_by_path_from_no_usable_checkpoint_stops_in_one_line_naming_it(tmp_path, steps, checkpoint, message):
     write_checkpoints(tmp_path, steps)
     with pytest.raises(SystemExit) as exit_info:
-        run_translation.main(["--output_dir", str(tmp_path), "--do_train", "--train_file", TRAIN,
-                              "--resume_from_checkpoint", str(tmp_path / checkpoint)])  # fmt: skip
+        run_translation.main(
+            [
+                "--output_dir",
+                str(tmp_path),
+                "--do_train",
+                "--train_file",
+                TRAIN,
+                "--resume_from_checkpoint",
+                str(tmp_path / checkpoint),
+            ]
+        )
     assert_one_line_error(exit_info.value.code, message)
     assert str(tmp_path / checkpoint) in exit_info.value.code
 

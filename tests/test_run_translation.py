@@ -31,11 +31,22 @@ from support.paths import REPO_ROOT, TATOEBA_EN_ZH, TEST, TRAIN
 from support.runs import CHINESE_CHARACTER, CHINESE_RUN, TINY_MODEL_RUN
 
 OUTPUT_FILES = {
-    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-    "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "README.md", "all_results.json",
-    "train_results.json", "eval_results.json", "predict_results.json", "generated_predictions.txt",
-    "trainer_state.json", "pipeline_translation.py",
-}  # fmt: skip
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "configuration_vanilla_transformer.py",
+    "modeling_vanilla_transformer.py",
+    "README.md",
+    "all_results.json",
+    "train_results.json",
+    "eval_results.json",
+    "predict_results.json",
+    "generated_predictions.txt",
+    "trainer_state.json",
+    "pipeline_translation.py",
+}
 
 
 def test_loss_falls_and_every_output_file_is_written(trained_run):
@@ -81,17 +92,47 @@ def test_the_saved_model_translates_as_it_was_scored(trained_run, tmp_path):
     # reloaded pipeline, given the test sentences in the evaluation's batches, writes generated_predictions.txt
     # again, and the card says how
     output = tmp_path / "tuned"
-    run_translation.main([
-        "--model_name_or_path", str(trained_run.output), "--train_file", TRAIN, "--test_file", TEST,
-        "--max_train_samples", "200", "--max_predict_samples", "50", "--do_train", "--do_predict",
-        "--predict_with_generate", "--max_steps", "2", "--max_tokens_per_batch", "1500", "--num_beams", "2",
-        "--length_penalty", "1.0", "--per_device_eval_batch_size", "32", "--output_dir", str(output),
-        "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true",
-    ])  # fmt: skip
+    run_translation.main(
+        [
+            "--model_name_or_path",
+            str(trained_run.output),
+            "--train_file",
+            TRAIN,
+            "--test_file",
+            TEST,
+            "--max_train_samples",
+            "200",
+            "--max_predict_samples",
+            "50",
+            "--do_train",
+            "--do_predict",
+            "--predict_with_generate",
+            "--max_steps",
+            "2",
+            "--max_tokens_per_batch",
+            "1500",
+            "--num_beams",
+            "2",
+            "--length_penalty",
+            "1.0",
+            "--per_device_eval_batch_size",
+            "32",
+            "--output_dir",
+            str(output),
+            "--report_to",
+            "none",
+            "--use_cpu",
+            "true",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     generation = json.loads((output / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens_over_source"]) == (
-        2, 1.0, 50,
-    )  # fmt: skip
+        2,
+        1.0,
+        50,
+    )
     sources = [json.loads(row)["translation"]["en"] for row in Path(TEST).read_text().splitlines()[:50]]
     translator = pipeline("translation", model=str(output), pipeline_class=TranslationPipeline)
     translations = [t["translation_text"] for t in translator(sources, batch_size=32)]
@@ -149,8 +190,9 @@ def test_english_to_chinese_is_scored_with_sacrebleus_zh_tokenization(chinese_ru
     output, results = chinese_run.output, chinese_run.results
     predict = json.loads((output / "predict_results.json").read_text())
     for scores, prefix in ((predict, "predict"), (results, "predict"), (results, "eval")):
-        assert re.fullmatch(r"nrefs:1\|case:mixed\|eff:no\|tok:zh\|smooth:exp\|version:[\d.]+",
-                            scores[f"{prefix}_bleu_signature"])  # fmt: skip
+        assert re.fullmatch(
+            r"nrefs:1\|case:mixed\|eff:no\|tok:zh\|smooth:exp\|version:[\d.]+", scores[f"{prefix}_bleu_signature"]
+        )
     assert json.loads((output / "all_results.json").read_text())["predict_bleu_signature"].count("tok:zh") == 1
 
     # generated_predictions.txt: UTF-8 Chinese, one line a test sentence, scored exactly as sacrebleu scores it
@@ -159,8 +201,10 @@ def test_english_to_chinese_is_scored_with_sacrebleus_zh_tokenization(chinese_ru
     lines = raw.decode("utf-8").split("\n")[:-1]
     assert len(lines) == 50 and sum(bool(CHINESE_CHARACTER.search(line)) for line in lines) >= 45, lines
     assert sum(line.endswith(("。", "？")) for line in lines) >= 40  # full-width, as the references end
-    references = [json.loads(row)["translation"]["zh"] for row in
-                  (TATOEBA_EN_ZH / "test.jsonl").read_text(encoding="utf-8").splitlines()[:50]]  # fmt: skip
+    references = [
+        json.loads(row)["translation"]["zh"]
+        for row in (TATOEBA_EN_ZH / "test.jsonl").read_text(encoding="utf-8").splitlines()[:50]
+    ]
     direct = sacrebleu.metrics.BLEU(tokenize="zh").corpus_score(lines, [references])
     assert predict["predict_bleu"] == pytest.approx(direct.score) and predict["predict_bleu"] > 0.3
     assert sacrebleu.metrics.BLEU(tokenize="13a").corpus_score(lines, [references]).score < direct.score / 2
@@ -289,9 +333,18 @@ def test_a_tokenizer_that_does_not_fit_the_model_stops_before_training(trained_r
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     output = tmp_path / "out"
     arguments = [
-        "--model_name_or_path", str(trained_run.output), "--tokenizer_name", str(tmp_path / "tokenizer"),
-        "--train_file", TRAIN, "--max_train_samples", "100", "--do_train", "--output_dir", str(output),
-    ]  # fmt: skip
+        "--model_name_or_path",
+        str(trained_run.output),
+        "--tokenizer_name",
+        str(tmp_path / "tokenizer"),
+        "--train_file",
+        TRAIN,
+        "--max_train_samples",
+        "100",
+        "--do_train",
+        "--output_dir",
+        str(output),
+    ]
     with pytest.raises(SystemExit) as exit_info:
         run_translation.main(arguments)
     assert re.fullmatch(
@@ -319,8 +372,19 @@ def test_a_hostile_training_file_stops_the_command_in_one_line_naming_file_and_l
     assert not output.exists()
 
 
-RECIPE_KEYS = ["max_steps", "do_train", "train_file", "learning_rate_scale", "normalization", "preset", "fp16",
-               "output_dir", "label_smoothing_factor", "average_last_checkpoints", "seed"]  # fmt: skip
+RECIPE_KEYS = [
+    "max_steps",
+    "do_train",
+    "train_file",
+    "learning_rate_scale",
+    "normalization",
+    "preset",
+    "fp16",
+    "output_dir",
+    "label_smoothing_factor",
+    "average_last_checkpoints",
+    "seed",
+]
 
 
 @FUZZ_SETTINGS
@@ -338,8 +402,11 @@ def test_any_recipe_parses_or_is_one_line_naming_the_recipe(recipe, form):
         if form == "text":
             path.write_text(str(recipe), encoding="utf-8", errors="surrogatepass")
         else:
-            path.write_text(json.dumps(recipe) if form == "json" else yaml.safe_dump(recipe), encoding="utf-8",
-                            errors="surrogatepass")  # fmt: skip
+            path.write_text(
+                json.dumps(recipe) if form == "json" else yaml.safe_dump(recipe),
+                encoding="utf-8",
+                errors="surrogatepass",
+            )
         try:
             run_translation.parse_arguments([str(path), "--output_dir", folder])
             event("parsed")
@@ -369,8 +436,11 @@ def test_a_dataset_name_after_a_recipe_replaces_its_data_files(tmp_path):
     assert data_args.train_file.endswith("multi30k/train.jsonl") and data_args.dataset_name is None
     _, data_args, _ = run_translation.parse_arguments([recipe, "--dataset_name", "bentrevett/multi30k"])
     assert (data_args.dataset_name, data_args.train_file, data_args.validation_file, data_args.test_file) == (
-        "bentrevett/multi30k", None, None, None,
-    )  # fmt: skip
+        "bentrevett/multi30k",
+        None,
+        None,
+        None,
+    )
     assert data_args.dataset_description == "Multi30k (en-de)"  # the rest of the recipe stays
     _, data_args, _ = run_translation.parse_arguments([recipe, "--dataset-name=x", "--test_file", "mine.jsonl"])
     assert (data_args.dataset_name, data_args.train_file, data_args.test_file) == ("x", None, "mine.jsonl")
@@ -383,10 +453,21 @@ def test_a_run_from_a_local_dataset_folder_by_dataset_name(tmp_path):
     rows = [{"en": f"The {a} is {s}.", "de": f"Die {b} ist {t}."} for a, b in animals for s, t in states]
     folder = write_dataset(tmp_path / "multi30k", {"train": rows, "validation": rows[:3], "test": rows[3:7]})
     output = tmp_path / "out"
-    results = run_translation.main([
-        *TINY_MODEL_RUN, "--dataset_name", folder, "--vocab_size", "300", "--max_steps", "2", "--warmup_steps", "1",
-        "--output_dir", str(output),
-    ])  # fmt: skip
+    results = run_translation.main(
+        [
+            *TINY_MODEL_RUN,
+            "--dataset_name",
+            folder,
+            "--vocab_size",
+            "300",
+            "--max_steps",
+            "2",
+            "--warmup_steps",
+            "1",
+            "--output_dir",
+            str(output),
+        ]
+    )
     assert (results["train_samples"], results["eval_samples"], results["predict_samples"]) == (20, 3, 4)
     assert len((output / "generated_predictions.txt").read_text().split("\n")[:-1]) == 4
     # the vocabulary trained in the run is the one the dataset's training sentences make

@@ -18,15 +18,47 @@ pytestmark = pytest.mark.slow  # runs run_translation.py on Multi30k slices
 
 # a 1+1-layer d_model 32 model on 200 pairs, 15 steps: each run takes seconds
 STOCK_RUN = [
-    "--preset", "small", "--config_overrides",
+    "--preset",
+    "small",
+    "--config_overrides",
     "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64,encoder_layers=1,decoder_layers=1",
-    "--source_lang", "en", "--target_lang", "de",
-    "--train_file", TRAIN, "--validation_file", VALIDATION, "--test_file", TEST, "--max_train_samples", "200",
-    "--max_eval_samples", "12", "--max_predict_samples", "12", "--vocab_size", "500",
-    "--do_train", "--do_eval", "--do_predict", "--predict_with_generate", "--max_steps", "15",
-    "--warmup_steps", "5", "--per_device_train_batch_size=16", "--per_device_eval_batch_size=4",
-    "--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true", "--seed", "0",
-]  # fmt: skip
+    "--source_lang",
+    "en",
+    "--target_lang",
+    "de",
+    "--train_file",
+    TRAIN,
+    "--validation_file",
+    VALIDATION,
+    "--test_file",
+    TEST,
+    "--max_train_samples",
+    "200",
+    "--max_eval_samples",
+    "12",
+    "--max_predict_samples",
+    "12",
+    "--vocab_size",
+    "500",
+    "--do_train",
+    "--do_eval",
+    "--do_predict",
+    "--predict_with_generate",
+    "--max_steps",
+    "15",
+    "--warmup_steps",
+    "5",
+    "--per_device_train_batch_size=16",
+    "--per_device_eval_batch_size=4",
+    "--report_to",
+    "none",
+    "--use_cpu",
+    "true",
+    "--disable_tqdm",
+    "true",
+    "--seed",
+    "0",
+]
 
 
 def greedy_sampling_config(tmp_path) -> str:
@@ -41,8 +73,17 @@ FLAG_GROUPS = {
     "evaluation every few steps": ["--eval_strategy", "steps", "--eval_steps", "5"],
     "a checkpoint per epoch": ["--save_strategy", "epoch"],
     "the best model by BLEU": [
-        "--eval_strategy", "steps", "--eval_steps", "5", "--save_strategy", "steps", "--save_steps", "5",
-        "--load_best_model_at_end", "--metric_for_best_model", "bleu",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "5",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "5",
+        "--load_best_model_at_end",
+        "--metric_for_best_model",
+        "bleu",
     ],
     "a generation length": ["--generation_max_length", "12"],
     "a source length": ["--max_source_length", "16", "--max_target_length", "16"],
@@ -53,7 +94,7 @@ FLAG_GROUPS = {
     "torch.compile": ["--torch_compile", "true", "--dataloader_drop_last", "true"],
     "the README's bare switches": ["--overwrite_output_dir", "--predict_with_generate"],
     "sampling from a generation config file": ["--generation_config", greedy_sampling_config],
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("group", FLAG_GROUPS)
@@ -80,14 +121,34 @@ def test_each_stock_flag_group_trains_and_saves_a_model_that_translates_as_it_wa
 
 def test_the_saved_decoding_is_the_flags(tmp_path):
     output = tmp_path / "run"
-    run_translation.main([*STOCK_RUN, "--generation_num_beams", "3", "--generation_max_length", "30",
-                          "--length_penalty", "1.2", "--output_dir", str(output)])  # fmt: skip
+    run_translation.main(
+        [
+            *STOCK_RUN,
+            "--generation_num_beams",
+            "3",
+            "--generation_max_length",
+            "30",
+            "--length_penalty",
+            "1.2",
+            "--output_dir",
+            str(output),
+        ]
+    )
     saved = json.loads((output / "generation_config.json").read_text())
     assert (saved["num_beams"], saved["max_length"], saved["length_penalty"]) == (3, 30, 1.2)
     assert saved["max_new_tokens_over_source"] == 50  # the paper's limit stays beside them
     sampling = tmp_path / "sampling"
-    run_translation.main([*STOCK_RUN, "--generation_config", greedy_sampling_config(tmp_path), "--num_beams", "1",
-                          "--output_dir", str(sampling)])  # fmt: skip
+    run_translation.main(
+        [
+            *STOCK_RUN,
+            "--generation_config",
+            greedy_sampling_config(tmp_path),
+            "--num_beams",
+            "1",
+            "--output_dir",
+            str(sampling),
+        ]
+    )
     saved = json.loads((sampling / "generation_config.json").read_text())
     assert (saved["do_sample"], saved["top_k"], saved["num_beams"]) == (True, 10, 1)
     assert "length_penalty" not in saved  # the paper's 0.6 is for beam search: it went back to the default

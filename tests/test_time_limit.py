@@ -90,15 +90,27 @@ def test_evaluation_during_training_does_not_count_towards_the_time_limit(tmp_pa
     dataset = random_token_dataset(200, seed=1)
     model = tiny_model()
     args = TranslationTrainingArguments(
-        output_dir=str(tmp_path), max_steps=100_000, max_train_minutes=0.03, per_device_train_batch_size=4,
-        logging_steps=1, eval_strategy="steps", eval_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+        output_dir=str(tmp_path),
+        max_steps=100_000,
+        max_train_minutes=0.03,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
         disable_tqdm=True,
-    )  # fmt: skip
+    )
     trainer = TranslationTrainer(
-        model=model, args=args, train_dataset=dataset, eval_dataset=random_token_dataset(8, seed=2),
-        data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model), compute_metrics=slow_metrics,
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        eval_dataset=random_token_dataset(8, seed=2),
+        data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model),
+        compute_metrics=slow_metrics,
         callbacks=[SlowSteps(0.3)],
-    )  # fmt: skip
+    )
     started = time.monotonic()
     trainer.train()
     wall = time.monotonic() - started
@@ -121,8 +133,15 @@ def test_without_a_time_limit_the_training_time_still_counts_every_start(tmp_pat
     its checkpoint records (the Trainer's own `train_runtime` is the last start's alone). The checkpoint's record is
     set to 1000 s, so that the resumed run shows counting on from it whatever the machine's speed."""
     dataset = random_token_dataset(64, seed=2)
-    args = TranslationTrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=4,
-                                        logging_steps=1, save_steps=6, report_to=[], use_cpu=True)  # fmt: skip
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=6,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        save_steps=6,
+        report_to=[],
+        use_cpu=True,
+    )
     collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=tiny_model())
     first = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
     first.train()

@@ -24,8 +24,18 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_cli_trains_the_multi30k_vocabulary(tmp_path):
     output = tmp_path / "bpe8k"
-    result = run_cli("--train_file", TRAIN, "--source_lang", "en", "--target_lang", "de", "--vocab_size", "8000",
-                     "--output_dir", str(output))  # fmt: skip
+    result = run_cli(
+        "--train_file",
+        TRAIN,
+        "--source_lang",
+        "en",
+        "--target_lang",
+        "de",
+        "--vocab_size",
+        "8000",
+        "--output_dir",
+        str(output),
+    )
     assert result.returncode == 0, result.stderr
     assert "Saved a 8000-token shared BPE vocabulary" in result.stdout
     tokenizer = AutoTokenizer.from_pretrained(output)
@@ -37,12 +47,30 @@ def test_cli_trains_the_multi30k_vocabulary(tmp_path):
 
 def test_normalization_flag(tmp_path):
     (tmp_path / "zh.txt").write_text("你好吗？我很好，谢谢！\n请给我一杯水。\n" * 50, encoding="utf-8")
-    train_bpe.main(["--train_file", str(tmp_path / "zh.txt"), "--vocab_size", "300", "--normalization", "NFC",
-                    "--output_dir", str(tmp_path / "nfc")])  # fmt: skip
+    train_bpe.main(
+        [
+            "--train_file",
+            str(tmp_path / "zh.txt"),
+            "--vocab_size",
+            "300",
+            "--normalization",
+            "NFC",
+            "--output_dir",
+            str(tmp_path / "nfc"),
+        ]
+    )
     assert round_trip(AutoTokenizer.from_pretrained(tmp_path / "nfc"), "你好吗？") == "你好吗？"
     with pytest.raises(SystemExit) as exit_info:
-        train_bpe.main(["--train_file", str(tmp_path / "zh.txt"), "--normalization", "nfc",
-                        "--output_dir", str(tmp_path / "lower")])  # fmt: skip
+        train_bpe.main(
+            [
+                "--train_file",
+                str(tmp_path / "zh.txt"),
+                "--normalization",
+                "nfc",
+                "--output_dir",
+                str(tmp_path / "lower"),
+            ]
+        )
     assert exit_info.value.code == (
         "train_bpe.py: error: argument --normalization: invalid choice: 'nfc' (choose from 'NFKC', 'NFC') (see --help)"
     )  # argparse's message, in one line (exit status 1)
@@ -52,8 +80,20 @@ def test_normalization_flag(tmp_path):
 def test_split_han_flag(tmp_path):
     (tmp_path / "zh.txt").write_text("你好吗？我很好，谢谢！\n请给我一杯水。\n" * 50, encoding="utf-8")
     for flag in ("false", "true"):
-        train_bpe.main(["--train_file", str(tmp_path / "zh.txt"), "--vocab_size", "300", "--normalization", "NFC",
-                        "--split_han", flag, "--output_dir", str(tmp_path / flag)])  # fmt: skip
+        train_bpe.main(
+            [
+                "--train_file",
+                str(tmp_path / "zh.txt"),
+                "--vocab_size",
+                "300",
+                "--normalization",
+                "NFC",
+                "--split_han",
+                flag,
+                "--output_dir",
+                str(tmp_path / flag),
+            ]
+        )
     merged, split = (AutoTokenizer.from_pretrained(tmp_path / flag) for flag in ("false", "true"))
     assert len(split.tokenize("请给我一杯水")) == 6 > len(merged.tokenize("请给我一杯水"))
 
@@ -61,19 +101,40 @@ def test_split_han_flag(tmp_path):
 def test_plain_text_files_dataset_folders_and_max_sentences(tmp_path):
     (tmp_path / "en.txt").write_text("a small cat\n\nthe small dog\n" * 50)
     (tmp_path / "de.txt").write_text("eine kleine Katze\nder kleine Hund\n" * 50)
-    train_bpe.main(["--train_file", str(tmp_path / "en.txt"), str(tmp_path / "de.txt"),
-                    "--vocab_size", "300", "--output_dir", str(tmp_path / "text")])  # fmt: skip
+    train_bpe.main(
+        [
+            "--train_file",
+            str(tmp_path / "en.txt"),
+            str(tmp_path / "de.txt"),
+            "--vocab_size",
+            "300",
+            "--output_dir",
+            str(tmp_path / "text"),
+        ]
+    )
     vocabulary = AutoTokenizer.from_pretrained(tmp_path / "text").get_vocab()
     assert "Ġkleine" in vocabulary and "Ġsmall" in vocabulary
 
     for layout, make in HUB_LAYOUTS.items():  # a dataset by name, in either layout of the Hub's
         dataset = write_dataset(tmp_path / layout, {"train": [make("a small cat", "eine kleine Katze")] * 30})
-        train_bpe.main(["--dataset_name", dataset, "--vocab_size", "280",
-                        "--output_dir", str(tmp_path / f"from {layout}")])  # fmt: skip
+        train_bpe.main(
+            ["--dataset_name", dataset, "--vocab_size", "280", "--output_dir", str(tmp_path / f"from {layout}")]
+        )
         assert "Ġkleine" in AutoTokenizer.from_pretrained(tmp_path / f"from {layout}").get_vocab()
 
-    train_bpe.main(["--train_file", str(tmp_path / "en.txt"), str(tmp_path / "de.txt"), "--max_sentences", "100",
-                    "--vocab_size", "300", "--output_dir", str(tmp_path / "english_only")])  # fmt: skip
+    train_bpe.main(
+        [
+            "--train_file",
+            str(tmp_path / "en.txt"),
+            str(tmp_path / "de.txt"),
+            "--max_sentences",
+            "100",
+            "--vocab_size",
+            "300",
+            "--output_dir",
+            str(tmp_path / "english_only"),
+        ]
+    )
     vocabulary = AutoTokenizer.from_pretrained(tmp_path / "english_only").get_vocab()
     assert "Ġsmall" in vocabulary and "Ġkleine" not in vocabulary
 

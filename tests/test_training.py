@@ -200,8 +200,14 @@ def test_predictions_come_in_dataset_order_even_with_length_grouped_training(tmp
     dataset = random_token_dataset(40, seed=3)  # sources of 1-20 tokens: length grouping reorders them
 
     def predicted_labels(trainer_class, arguments_class):
-        args = arguments_class(output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_eval_batch_size=8,
-                               train_sampling_strategy="group_by_length", learning_rate=1e-3)  # fmt: skip
+        args = arguments_class(
+            output_dir=str(tmp_path),
+            report_to=[],
+            use_cpu=True,
+            per_device_eval_batch_size=8,
+            train_sampling_strategy="group_by_length",
+            learning_rate=1e-3,
+        )
         model = tiny_model()
         collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=model, padding=True)
         trainer = trainer_class(model=model, args=args, data_collator=collator)
@@ -218,15 +224,17 @@ def test_predictions_come_in_dataset_order_even_with_length_grouped_training(tmp
         ({"average_last_checkpoints": 0}, "--average_last_checkpoints 0 must be at least 1"),
         ({"average_last_checkpoints": 3, "save_strategy": "no"}, "needs checkpoints, and --save_strategy is 'no'"),
         ({"average_last_checkpoints": 5, "save_total_limit": 2}, "is more than the --save_total_limit 2 checkpoints"),
-        ({"max_tokens_per_batch": 500, "train_sampling_strategy": "group_by_length"},
-         "--train_sampling_strategy 'group_by_length' has no effect with --max_tokens_per_batch"),
+        (
+            {"max_tokens_per_batch": 500, "train_sampling_strategy": "group_by_length"},
+            "--train_sampling_strategy 'group_by_length' has no effect with --max_tokens_per_batch",
+        ),
         ({"bpe_dropout": 0.1}, "--bpe_dropout needs --max_tokens_per_batch"),
         ({"ema_decay": 1.0}, "--ema_decay 1.0 must be above 0 and below 1"),
         ({"ema_decay": 0.99, "average_last_checkpoints": 3}, "--ema_decay and --average_last_checkpoints 3"),
         ({"ema_decay": 0.99, "save_strategy": "no"}, "--ema_decay needs checkpoints"),
         ({"bpe_dropout": 1.0, "max_tokens_per_batch": 500}, "--bpe_dropout 1.0 must be at least 0 and below 1"),
     ],
-)  # fmt: skip
+)
 def test_training_arguments_that_make_no_sense_together_are_refused(tmp_path, settings, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         TranslationTrainingArguments(output_dir=str(tmp_path), **settings)
@@ -243,8 +251,9 @@ def test_training_is_over_at_max_steps_at_the_epochs_end_or_when_the_budget_is_s
         return TranslationTrainingArguments(output_dir=str(tmp_path), **settings)
 
     spent = {"TimeLimitCallback": {"args": {"minutes": 1.0}, "attributes": {"spent_seconds": 60.0}}}
-    at_step_40 = write_state(tmp_path / "a" / "checkpoint-40", global_step=40, max_steps=40, num_train_epochs=2,
-                             stateful_callbacks=spent)  # fmt: skip
+    at_step_40 = write_state(
+        tmp_path / "a" / "checkpoint-40", global_step=40, max_steps=40, num_train_epochs=2, stateful_callbacks=spent
+    )
     assert training_is_over(at_step_40, args(max_steps=40)) and not training_is_over(at_step_40, args(max_steps=41))
     assert training_is_over(at_step_40, args(num_train_epochs=2))  # the run that trained 2 epochs ended at step 40
     assert not training_is_over(at_step_40, args(num_train_epochs=3))
@@ -281,11 +290,19 @@ def test_a_resumed_run_takes_the_batches_an_uninterrupted_run_takes(tmp_path):
             return collator(features)
 
         args = TranslationTrainingArguments(
-            output_dir=str(output_dir), max_steps=8, save_steps=4, max_tokens_per_batch=200,
-            gradient_accumulation_steps=2, warmup_steps=2, report_to=[], use_cpu=True, disable_tqdm=True,
-        )  # fmt: skip
-        trainer = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=record,
-                                     callbacks=list(callbacks))  # fmt: skip
+            output_dir=str(output_dir),
+            max_steps=8,
+            save_steps=4,
+            max_tokens_per_batch=200,
+            gradient_accumulation_steps=2,
+            warmup_steps=2,
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+        )
+        trainer = TranslationTrainer(
+            model=tiny_model(), args=args, train_dataset=dataset, data_collator=record, callbacks=list(callbacks)
+        )
         assert len(trainer.get_train_dataloader()) == 6
         seen.clear()
         trainer.train(resume_from_checkpoint=resume)
@@ -308,11 +325,25 @@ def test_evaluation_under_bf16_runs_in_the_saved_models_precision(tmp_path):
         model = tiny_model(encoder_layers=1, decoder_layers=1)  # an untrained model decodes to its length limit
         dtypes = []
         model.lm_head.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
-        args = args_class(output_dir=str(tmp_path), bf16=bf16, use_cpu=True, max_steps=2, learning_rate=0.0,
-                          per_device_train_batch_size=4, per_device_eval_batch_size=4, predict_with_generate=True,
-                          save_strategy="no", report_to=[], disable_tqdm=True)  # fmt: skip
-        trainer = trainer_class(model=model, args=args, train_dataset=dataset,
-                                data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model))  # fmt: skip
+        args = args_class(
+            output_dir=str(tmp_path),
+            bf16=bf16,
+            use_cpu=True,
+            max_steps=2,
+            learning_rate=0.0,
+            per_device_train_batch_size=4,
+            per_device_eval_batch_size=4,
+            predict_with_generate=True,
+            save_strategy="no",
+            report_to=[],
+            disable_tqdm=True,
+        )
+        trainer = trainer_class(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            data_collator=DataCollatorForSeq2Seq(letter_tokenizer(), model=model),
+        )
         phases = {}
         if train:
             trainer.train()
@@ -344,8 +375,12 @@ def test_evaluation_cuts_the_examples_accelerate_repeats_to_fill_the_last_batche
     def evaluate(trainer_class, args_class):
         received = []
         args = args_class(output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_eval_batch_size=8)
-        trainer = trainer_class(model=tiny_model(), args=args, data_collator=collator,
-                                compute_metrics=lambda prediction: received.append(prediction) or {})  # fmt: skip
+        trainer = trainer_class(
+            model=tiny_model(),
+            args=args,
+            data_collator=collator,
+            compute_metrics=lambda prediction: received.append(prediction) or {},
+        )
         output = trainer.evaluation_loop(repeated, "Evaluation")
         return output.label_ids.tolist(), received[0].label_ids.tolist(), len(received[0].predictions[0])  # logits
 
@@ -391,10 +426,18 @@ def test_the_main_recipes_weight_decay_shrinks_every_matrix_but_no_bias_or_layer
 def test_the_final_model_is_the_average_and_only_the_last_checkpoint_stays(tmp_path, keep_checkpoints):
     dataset = random_token_dataset(64, seed=1)
     args = TranslationTrainingArguments(
-        output_dir=str(tmp_path), max_steps=12, save_steps=3, save_total_limit=4, average_last_checkpoints=3,
-        keep_checkpoints=keep_checkpoints, per_device_train_batch_size=4, warmup_steps=2, report_to=[],
-        use_cpu=True, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=str(tmp_path),
+        max_steps=12,
+        save_steps=3,
+        save_total_limit=4,
+        average_last_checkpoints=3,
+        keep_checkpoints=keep_checkpoints,
+        per_device_train_batch_size=4,
+        warmup_steps=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=tiny_model())
     trainer = TranslationTrainer(model=tiny_model(), args=args, train_dataset=dataset, data_collator=collator)
     trainer.train()
@@ -556,9 +599,15 @@ class _RunsCode:
 def test_resuming_never_unpickles_code(tmp_path, state_file):
     dataset = random_token_dataset(40, seed=2)
     args = TranslationTrainingArguments(
-        output_dir=str(tmp_path / "run"), max_steps=4, save_steps=2, per_device_train_batch_size=4,
-        warmup_steps=2, report_to=[], use_cpu=True, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "run"),
+        max_steps=4,
+        save_steps=2,
+        per_device_train_batch_size=4,
+        warmup_steps=2,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
     model = tiny_model()
     collator = DataCollatorForSeq2Seq(letter_tokenizer(), model=model)
     TranslationTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator).train()

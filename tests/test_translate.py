@@ -59,7 +59,7 @@ def test_translate_command_keeps_order_and_empty_lines(trained_run, model_and_to
     files = ["--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt")]
     status, stderr = translate_here(
         "--model", str(trained_run.output), *files, "--num_beams", "1", "--batch_size", "2", "--dtype", "float32"
-    )  # fmt: skip
+    )
     assert status == 0, stderr
     expected = generate_text(*model_and_tokenizer, [SENTENCES[2], SENTENCES[0], SENTENCES[1]], num_beams=1)
     assert (tmp_path / "out.txt").read_text().split("\n") == [expected[0], "", expected[1], "", expected[2], ""]
@@ -73,15 +73,20 @@ def test_translate_command_keeps_order_and_empty_lines(trained_run, model_and_to
 
 def test_translate_command_writes_chinese_as_utf8_whatever_the_locale(chinese_run, tmp_path, translate_here):
     english = ["I like to eat apples.", "", "Where is the station?"]
-    piped = vanilla_translate("--model", str(chinese_run.output), stdin="\n".join(english).encode("utf-8"),
-                              env={**os.environ, "PYTHONIOENCODING": "ascii", "LC_ALL": "C"})  # fmt: skip
+    piped = vanilla_translate(
+        "--model",
+        str(chinese_run.output),
+        stdin="\n".join(english).encode("utf-8"),
+        env={**os.environ, "PYTHONIOENCODING": "ascii", "LC_ALL": "C"},
+    )
     assert piped.returncode == 0, piped.stderr.decode()
     lines = piped.stdout.decode("utf-8").split("\n")
     assert len(lines) == 4 and lines[1] == lines[3] == ""
     assert CHINESE_CHARACTER.search(lines[0]) and CHINESE_CHARACTER.search(lines[2]), lines
     (tmp_path / "in.txt").write_text("\n".join(english) + "\n", encoding="utf-8")
-    status, _ = translate_here("--model", str(chinese_run.output), "--input", str(tmp_path / "in.txt"),
-                               "--output", str(tmp_path / "out.txt"))  # fmt: skip
+    status, _ = translate_here(
+        "--model", str(chinese_run.output), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt")
+    )
     assert status == 0 and (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")[:3] == lines[:3]
 
 
@@ -102,8 +107,11 @@ def translator(trained_run):
 
 
 @FUZZ_SETTINGS
-@given(lines=st.lists(st.text(max_size=30) | st.sampled_from(["\u2028", "a\x85b", "\r", "\x00", " ", "🙂" * 40]),
-                      max_size=6))  # fmt: skip
+@given(
+    lines=st.lists(
+        st.text(max_size=30) | st.sampled_from(["\u2028", "a\x85b", "\r", "\x00", " ", "🙂" * 40]), max_size=6
+    )
+)
 def test_any_lines_give_one_line_of_translation_each(translator, lines):
     translations = translate_lines(translator, lines, 4, {"num_beams": 1, "max_new_tokens": 4}, show_progress=False)
     assert len(translations) == len(lines)
@@ -139,7 +147,7 @@ def test_binary_input_a_broken_model_and_blank_lines_end_cleanly(trained_run, tm
     assert stderr.strip().splitlines() == [
         f"vanilla-translate: error: {broken}/model.safetensors: not a readable safetensors file "
         "(Error while deserializing header: invalid header length)"
-    ]  # fmt: skip
+    ]
     status, _ = translate_here("--model", str(trained_run.output), "--output", str(output), stdin="\n  \n\n")
     assert status == 0 and output.read_text() == "\n\n\n"
 
@@ -152,8 +160,18 @@ def test_a_line_longer_than_the_model_is_translated_from_its_start_with_a_warnin
     long_line = " ".join(["A man is sleeping."] * 50_000)
     (tmp_path / "in.txt").write_text(f"{SENTENCES[0]}\n{long_line}\n{SENTENCES[1]}\n", encoding="utf-8")
     output = tmp_path / "out.txt"
-    status, stderr = translate_here("--model", str(trained_run.output), "--input", str(tmp_path / "in.txt"),
-                                    "--output", str(output), "--num_beams", "1", "--max_new_tokens", "8")  # fmt: skip
+    status, stderr = translate_here(
+        "--model",
+        str(trained_run.output),
+        "--input",
+        str(tmp_path / "in.txt"),
+        "--output",
+        str(output),
+        "--num_beams",
+        "1",
+        "--max_new_tokens",
+        "8",
+    )
     assert status == 0, stderr[-2000:]
     assert (
         "1 line(s) have more tokens than the model's 1024 positions; only their first 1024 are translated (line 2)"
@@ -179,8 +197,16 @@ def test_twenty_thousand_lines_in_memory_that_grows_with_the_text_alone(trained_
     for count in (2_000, 20_000):
         source = write_lines(tmp_path / f"{count}.en", multi30k_lines(count))
         output = tmp_path / f"{count}.de"
-        command = [shutil.which("vanilla-translate"), "--model", str(trained_run.output), "--input", source,
-                   "--output", str(output), *FAST]  # fmt: skip
+        command = [
+            shutil.which("vanilla-translate"),
+            "--model",
+            str(trained_run.output),
+            "--input",
+            source,
+            "--output",
+            str(output),
+            *FAST,
+        ]
         returncode, stderr, peaks[count] = run_with_peak_rss(command)
         assert returncode == 0, stderr[-2000:]
         translations = output.read_text(encoding="utf-8").split("\n")
@@ -194,10 +220,19 @@ def test_an_interrupted_translation_leaves_no_output(trained_run, tmp_path, stop
     source = write_lines(tmp_path / "in.en", multi30k_lines(20_000))
     output = tmp_path / "out.de"
     translating = subprocess.Popen(
-        [shutil.which("vanilla-translate"), "--model", str(trained_run.output), "--input", source,
-         "--output", str(output), *FAST],
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            shutil.which("vanilla-translate"),
+            "--model",
+            str(trained_run.output),
+            "--input",
+            source,
+            "--output",
+            str(output),
+            *FAST,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     progress = ""
     while "sentence/s" not in progress and time.monotonic() < deadline:  # stopped mid-translation, not at start-up
@@ -220,8 +255,17 @@ def test_a_ctranslate2_folder_translates_as_the_model_folder_does(trained_run, e
         ("ctranslate2", exported["float32"], ["--intra_threads", "2"]),
     ):  # float32 both
         output = tmp_path / f"{name}.txt"
-        status, stderr = translate_here("--model", model, "--input", str(tmp_path / "in.txt"), "--output",
-                                        str(output), "--batch_size", "2", *options)  # fmt: skip
+        status, stderr = translate_here(
+            "--model",
+            model,
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--output",
+            str(output),
+            "--batch_size",
+            "2",
+            *options,
+        )
         assert status == 0, stderr[-2000:]
         assert "3/3" in stderr
         outputs[name] = output.read_text().split("\n")

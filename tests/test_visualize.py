@@ -226,8 +226,13 @@ class TreeReader(HTMLParser):
         attributes = dict(attributes)
         if tag == "li":
             enclosing = self.open[-1]["id"] if self.open else ""
-            item = {"id": attributes["data-id"], "parent": attributes["data-parent"], "nested_in": enclosing,
-                    "classes": attributes["class"].split(), "text": ""}  # fmt: skip
+            item = {
+                "id": attributes["data-id"],
+                "parent": attributes["data-parent"],
+                "nested_in": enclosing,
+                "classes": attributes["class"].split(),
+                "text": "",
+            }
             self.items.append(item)
             self.open.append(item)
 
@@ -371,8 +376,9 @@ def vanilla_attention(*args) -> subprocess.CompletedProcess:
 def test_the_command_writes_every_picture_and_the_page_and_prints_the_steps(trained_run, model_and_tokenizer, tmp_path):
     model, tokenizer = model_and_tokenizer
     output = tmp_path / "attention"
-    result = vanilla_attention("--model", str(trained_run.output), "--source", SENTENCES[0], "--steps",
-                               "--output_dir", str(output))  # fmt: skip
+    result = vanilla_attention(
+        "--model", str(trained_run.output), "--source", SENTENCES[0], "--steps", "--output_dir", str(output)
+    )
     assert result.returncode == 0, result.stderr
     config = model.config
     layers_and_heads = {
@@ -399,9 +405,21 @@ def test_the_command_writes_every_picture_and_the_page_and_prints_the_steps(trai
 
 def test_the_command_with_a_target_shows_teacher_forcing(trained_run, tmp_path):
     output = tmp_path / "forced"
-    result = vanilla_attention("--model", str(trained_run.output), "--source", SENTENCES[0], "--target",
-                               "Ein Mann schläft.", "--steps", "--layer", "1", "--head", "2",
-                               "--output_dir", str(output))  # fmt: skip
+    result = vanilla_attention(
+        "--model",
+        str(trained_run.output),
+        "--source",
+        SENTENCES[0],
+        "--target",
+        "Ein Mann schläft.",
+        "--steps",
+        "--layer",
+        "1",
+        "--head",
+        "2",
+        "--output_dir",
+        str(output),
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("target: Ein Mann schläft.\n")
     assert "Teacher forcing" in result.stdout and "Greedy" not in result.stdout

@@ -84,8 +84,12 @@ def main(argv: list[str] | None = None) -> dict:
     if training_args.should_save:  # the main process
         write_model_card(training_args.output_dir, run.model, run.tokenizer)
         if push_to_hub:
-            url = push_model_folder(training_args.output_dir, training_args.hub_model_id,
-                                    token=training_args.hub_token, private=training_args.hub_private_repo)  # fmt: skip
+            url = push_model_folder(
+                training_args.output_dir,
+                training_args.hub_model_id,
+                token=training_args.hub_token,
+                private=training_args.hub_private_repo,
+            )
             logger.info("Uploaded %s", url)
     return results
 

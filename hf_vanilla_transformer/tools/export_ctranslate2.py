@@ -225,13 +225,19 @@ def check_expressible(config, activations: dict) -> None:
     heads = config.encoder_attention_heads
     even_split = config.d_model // heads
     problems = [
-        ("decoder_attention_heads", config.decoder_attention_heads != heads,
-         f"differs from encoder_attention_heads={heads}: CTranslate2 has one head count"),
+        (
+            "decoder_attention_heads",
+            config.decoder_attention_heads != heads,
+            f"differs from encoder_attention_heads={heads}: CTranslate2 has one head count",
+        ),
         ("head_dim", config.head_dim not in (None, even_split), f"is not d_model / heads = {even_split}"),
         ("v_head_dim", config.v_head_dim not in (None, config.head_dim or even_split), "differs from head_dim"),
-        ("activation_function", config.activation_function not in activations,
-         f"is not one CTranslate2 has ({', '.join(activations)})"),
-    ]  # fmt: skip
+        (
+            "activation_function",
+            config.activation_function not in activations,
+            f"is not one CTranslate2 has ({', '.join(activations)})",
+        ),
+    ]
     for name, failed, why in problems:
         if failed:
             raise ValueError(

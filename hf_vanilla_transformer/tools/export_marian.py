@@ -78,17 +78,28 @@ def check_expressible(config) -> None:
     config_file = os.path.join(config.name_or_path, "config.json")
     problems = [
         ("layer_norm_position", config.layer_norm_position != "post", "Marian's layers are post-LN"),
-        ("position_embedding_type", config.position_embedding_type != "sinusoidal",
-         "Marian's positions are sinusoidal, computed and never saved"),
-        ("layer_norm_eps", config.layer_norm_eps != MARIAN_LAYER_NORM_EPS,
-         f"Marian's LayerNorms use {MARIAN_LAYER_NORM_EPS}"),
-    ]  # fmt: skip
+        (
+            "position_embedding_type",
+            config.position_embedding_type != "sinusoidal",
+            "Marian's positions are sinusoidal, computed and never saved",
+        ),
+        (
+            "layer_norm_eps",
+            config.layer_norm_eps != MARIAN_LAYER_NORM_EPS,
+            f"Marian's LayerNorms use {MARIAN_LAYER_NORM_EPS}",
+        ),
+    ]
     for stack in ("encoder", "decoder"):
         heads = getattr(config, f"{stack}_attention_heads")
         if config.attention_head_dims(heads) != (config.d_model // heads,) * 2 or config.d_model % heads:
-            problems.append((f"{stack}_attention_heads", True,
-                             f"with head_dim={config.head_dim}, v_head_dim={config.v_head_dim}: Marian's heads are "
-                             "d_model / heads wide"))  # fmt: skip
+            problems.append(
+                (
+                    f"{stack}_attention_heads",
+                    True,
+                    f"with head_dim={config.head_dim}, v_head_dim={config.v_head_dim}: Marian's heads are "
+                    "d_model / heads wide",
+                )
+            )
     for name, failed, why in problems:
         if failed:
             raise ValueError(f"{config_file}: {name}={getattr(config, name)!r}, but {why}; cannot export to Marian")

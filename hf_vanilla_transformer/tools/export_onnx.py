@@ -132,8 +132,10 @@ def export_graphs(marian, folder: str) -> None:
         heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
         layers = config.decoder_layers
         # a tensor each: the exporter would take one tensor passed twice for one input
-        past, cross_past = ([[torch.randn(2, heads, length, head_dim) for _ in range(2)] for _ in range(layers)]
-                            for length in (3, input_ids.shape[1]))  # fmt: skip
+        past, cross_past = (
+            [[torch.randn(2, heads, length, head_dim) for _ in range(2)] for _ in range(layers)]
+            for length in (3, input_ids.shape[1])
+        )
         step = torch.full((2, 1), config.decoder_start_token_id)
         decoder = DecoderStepGraph(marian).eval()
         inputs = ["input_ids", "encoder_attention_mask", "encoder_hidden_states"]
@@ -141,16 +143,31 @@ def export_graphs(marian, folder: str) -> None:
         with tempfile.TemporaryDirectory(dir=folder) as graphs:
             first, later = os.path.join(graphs, "first_step.onnx"), os.path.join(graphs, "with_past.onnx")
             torch.onnx.export(
-                decoder, (step, attention_mask, hidden), first, input_names=inputs, output_names=output_names(layers),
-                dynamic_shapes=first_shapes, dynamo=True, verbose=False, external_data=False,
-            )  # fmt: skip
+                decoder,
+                (step, attention_mask, hidden),
+                first,
+                input_names=inputs,
+                output_names=output_names(layers),
+                dynamic_shapes=first_shapes,
+                dynamo=True,
+                verbose=False,
+                external_data=False,
+            )
             torch.onnx.export(
-                decoder, (step, attention_mask, hidden, past, cross_past), later,
-                input_names=inputs + past_names(layers), output_names=output_names(layers),
-                dynamic_shapes=(*first_shapes, [[{0: batch, 2: past_length}] * 2] * layers,
-                                [[{0: batch, 2: source}] * 2] * layers),
-                dynamo=True, verbose=False, external_data=False,
-            )  # fmt: skip
+                decoder,
+                (step, attention_mask, hidden, past, cross_past),
+                later,
+                input_names=inputs + past_names(layers),
+                output_names=output_names(layers),
+                dynamic_shapes=(
+                    *first_shapes,
+                    [[{0: batch, 2: past_length}] * 2] * layers,
+                    [[{0: batch, 2: source}] * 2] * layers,
+                ),
+                dynamo=True,
+                verbose=False,
+                external_data=False,
+            )
             merge_decoders(first, later, os.path.join(folder, "decoder_model_merged.onnx"))
 
             # the branches are quantized before they are joined: the quantizer leaves alone the weights a branch
@@ -160,9 +177,7 @@ def export_graphs(marian, folder: str) -> None:
 
             for graph in (os.path.join(folder, "encoder_model.onnx"), first, later):
                 quantize(graph, int8(graph))
-            merge_decoders(
-                int8(first), int8(later), int8(os.path.join(folder, "decoder_model_merged.onnx"))
-            )  # fmt: skip
+            merge_decoders(int8(first), int8(later), int8(os.path.join(folder, "decoder_model_merged.onnx")))
 
 
 def merge_decoders(first_step_path: str, with_past_path: str, output_path: str) -> None:
@@ -198,10 +213,12 @@ def merge_decoders(first_step_path: str, with_past_path: str, output_path: str) 
             value.type.tensor_type.shape.dim[2].dim_param = "encoder_past_sequence_length"
     inputs.append(onnx.helper.make_tensor_value_info("use_cache_branch", onnx.TensorProto.BOOL, [1]))
     branch = onnx.helper.make_node(
-        "If", ["use_cache_branch"], [output.name for output in outputs],
+        "If",
+        ["use_cache_branch"],
+        [output.name for output in outputs],
         then_branch=branch_graph(onnx, later, "with_past", shared, later_keys),
         else_branch=branch_graph(onnx, first, "first_step", shared, first_keys),
-    )  # fmt: skip
+    )
     graph = onnx.helper.make_graph([branch], "decoder_model_merged", inputs, outputs, list(shared.values()))
     functions = {(function.domain, function.name): function for function in [*first.functions, *later.functions]}
     merged = onnx.helper.make_model(

@@ -241,14 +241,18 @@ def outcomes(steps: list[DecodingStep]) -> list[list[str]]:
         search_went_on = any(not hypothesis.finished for hypothesis in later)
         result.append(
             [
-                WINNER if hypothesis.winner
-                else FINISHED if hypothesis.finished
-                else "" if number in extended
-                else DROPPED if search_went_on
+                WINNER
+                if hypothesis.winner
+                else FINISHED
+                if hypothesis.finished
+                else ""
+                if number in extended
+                else DROPPED
+                if search_went_on
                 else STOPPED
                 for number, hypothesis in enumerate(step.hypotheses)
             ]
-        )  # fmt: skip
+        )
     return result
 
 
@@ -282,8 +286,17 @@ def steps_table(steps: list[DecodingStep]) -> list[list[str]]:
 
 
 STEP_COLUMNS = [
-    "step", "beam", "from", "so far", "token", "p", "log p (all)", "top alternatives", "attention on", "outcome"
-]  # fmt: skip
+    "step",
+    "beam",
+    "from",
+    "so far",
+    "token",
+    "p",
+    "log p (all)",
+    "top alternatives",
+    "attention on",
+    "outcome",
+]
 
 
 def format_steps(title: str, steps: list[DecodingStep]) -> str:

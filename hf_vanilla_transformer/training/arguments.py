@@ -78,22 +78,28 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     )
     max_train_minutes: float | None = field(
         default=None,
-        metadata={"help": "Stop training (after saving a checkpoint) once this much training time has passed "
-                  "(evaluation during training does not count)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Stop training (after saving a checkpoint) once this much training time has passed "
+            "(evaluation during training does not count)."
+        },
+    )
     keep_checkpoints: bool = field(
         default=False,
-        metadata={"help": "Keep every checkpoint once the final model is saved (default: only the last, which a "
-                  "resumed run or a longer budget starts from)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Keep every checkpoint once the final model is saved (default: only the last, which a "
+            "resumed run or a longer budget starts from)."
+        },
+    )
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Replace a non-empty output_dir (transformers 5 removed this setting)."}
     )
     ddp_find_unused_parameters: bool | None = field(
         default=False,
-        metadata={"help": "Every parameter takes part in every step; transformers' default (True) would make DDP "
-                  "walk the autograd graph once more each step."},
-    )  # fmt: skip
+        metadata={
+            "help": "Every parameter takes part in every step; transformers' default (True) would make DDP "
+            "walk the autograd graph once more each step."
+        },
+    )
     keep_newest_checkpoints: int | None = field(
         default=None, init=False, metadata={"help": "save_total_limit, for TranslationTrainer's rotation by step."}
     )
@@ -101,10 +107,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     # from the metadata (HfArgumentParser gives a bool field without a default no bare `--bf16`)
     bf16: bool | None = field(
         default=None,
-        metadata={"help": "Train under bfloat16 autocast. Default: on where a run trains under --use_cpu on a CPU "
-                  "with bfloat16 units (AVX512-BF16 or AMX), where a step runs faster; off elsewhere (float32; on "
-                  "a GPU, give --bf16 true).", "nargs": "?", "const": True},
-    )  # fmt: skip
+        metadata={
+            "help": "Train under bfloat16 autocast. Default: on where a run trains under --use_cpu on a CPU "
+            "with bfloat16 units (AVX512-BF16 or AMX), where a step runs faster; off elsewhere (float32; on "
+            "a GPU, give --bf16 true).",
+            "nargs": "?",
+            "const": True,
+        },
+    )
 
     def __post_init__(self):
         if self.bf16 is None:
@@ -119,8 +129,9 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         if averaged > 1 and self.save_strategy == "no":
             raise ValueError(f"--average_last_checkpoints {averaged} needs checkpoints, and --save_strategy is 'no'")
         if kept and averaged > kept:
-            raise ValueError(f"--average_last_checkpoints {averaged} is more than the --save_total_limit {kept} "
-                             "checkpoints kept")  # fmt: skip
+            raise ValueError(
+                f"--average_last_checkpoints {averaged} is more than the --save_total_limit {kept} checkpoints kept"
+            )
         if self.ema_decay is not None:
             if not 0 < self.ema_decay < 1:
                 raise ValueError(f"--ema_decay {self.ema_decay} must be above 0 and below 1")
@@ -134,8 +145,10 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         if self.bpe_dropout and self.max_tokens_per_batch is None:
             raise ValueError("--bpe_dropout needs --max_tokens_per_batch, whose batches it encodes as they are taken")
         if self.max_tokens_per_batch is not None and self.train_sampling_strategy != "random":
-            raise ValueError(f"--train_sampling_strategy {self.train_sampling_strategy!r} has no effect with "
-                             "--max_tokens_per_batch, whose batches are grouped by length and shuffled")  # fmt: skip
+            raise ValueError(
+                f"--train_sampling_strategy {self.train_sampling_strategy!r} has no effect with "
+                "--max_tokens_per_batch, whose batches are grouped by length and shuffled"
+            )
 
 
 def bf16_by_default(use_cpu: bool, fp16: bool) -> bool:
@@ -218,10 +231,12 @@ class ModelArguments:
     )
     attn_implementation: str | None = field(
         default=None,
-        metadata={"help": "Attention to train and evaluate with: eager, sdpa or flex_attention (the saved model does "
-                  "not keep it). Default: eager under --bf16 on a CPU, where torch's fused attention backward is "
-                  "slow in bfloat16; elsewhere transformers' default, sdpa."},
-    )  # fmt: skip
+        metadata={
+            "help": "Attention to train and evaluate with: eager, sdpa or flex_attention (the saved model does "
+            "not keep it). Default: eager under --bf16 on a CPU, where torch's fused attention backward is "
+            "slow in bfloat16; elsewhere transformers' default, sdpa."
+        },
+    )
 
 
 @dataclass

@@ -72,13 +72,17 @@ def checkpoint_to_resume(folder: str) -> str:
     newest = latest_checkpoint(os.path.dirname(os.path.normpath(folder)))
     if not is_complete_checkpoint(folder, int(match.group(1))):
         if newest is None:
-            raise ValueError(f"resume_from_checkpoint {folder}: incomplete (its run stopped while writing it), and "
-                             "there is no complete checkpoint beside it")  # fmt: skip
+            raise ValueError(
+                f"resume_from_checkpoint {folder}: incomplete (its run stopped while writing it), and "
+                "there is no complete checkpoint beside it"
+            )
         logger.warning("%s is incomplete (its run stopped while writing it): resuming from %s instead", folder, newest)
         return newest
     if not os.path.samefile(folder, newest):
-        raise ValueError(f"resume_from_checkpoint {folder}: {newest} is newer; resume from the newest checkpoint, or "
-                         "move the newer ones away")  # fmt: skip
+        raise ValueError(
+            f"resume_from_checkpoint {folder}: {newest} is newer; resume from the newest checkpoint, or "
+            "move the newer ones away"
+        )
     return folder
 
 
@@ -178,8 +182,9 @@ def write_averaged_model(model_dir: str, last: int, output_dir: str, overwrite_o
     check_output_dir(output_dir, overwrite_output_dir)  # before the work
     folders = last_checkpoints(model_dir, last)
     if len(folders) < last:
-        raise ValueError(f"model_dir {model_dir} holds {len(folders)} complete checkpoints; averaging the last "
-                         f"{last} needs {last}")  # fmt: skip
+        raise ValueError(
+            f"model_dir {model_dir} holds {len(folders)} complete checkpoints; averaging the last {last} needs {last}"
+        )
     newest = folders[-1]
     model = load_model(newest, "cpu")
     load_averaged_checkpoints(model, folders)

@@ -149,11 +149,15 @@ def load_translation_split(
             file_pairs,
             features=features,
             cache_dir=cache_dir,
-            gen_kwargs={"path": path, "source_lang": source_lang, "target_lang": target_lang,
-                        "max_samples": max_samples},
+            gen_kwargs={
+                "path": path,
+                "source_lang": source_lang,
+                "target_lang": target_lang,
+                "max_samples": max_samples,
+            },
             fingerprint=file_fingerprint(path, split, source_lang, target_lang, max_samples),
             split=split,
-        )  # fmt: skip
+        )
     except datasets.exceptions.DatasetGenerationError as error:
         # `datasets` wraps whatever the generator raised in its own "An error occurred while generating the
         # dataset"; a bad row's InputError (file and line) is the message to show, and the cache is left unwritten
@@ -181,18 +185,23 @@ def file_fingerprint(path: str, split: str, source_lang: str, target_lang: str, 
 def files_fingerprint(paths: list[str], *settings) -> str:
     """A name for what is made from the files at `paths`, as they are now (path, size, modification time), with
     `settings` (JSON values)."""
-    files = [[os.path.abspath(path), status.st_size, status.st_mtime_ns] for path in paths
-             for status in [os.stat(path)]]  # fmt: skip
+    files = [
+        [os.path.abspath(path), status.st_size, status.st_mtime_ns] for path in paths for status in [os.stat(path)]
+    ]
     return hashlib.sha256(json.dumps([files, *settings]).encode()).hexdigest()[:32]
 
 
 def checked_pairs(rows: dict[str, list], indices: list[int], where: str, source_lang: str, target_lang: str) -> dict:
     """A batch of a `datasets` split as checked {"source", "target"} columns (`Dataset.map`, batched)."""
     pairs = [
-        dataset_row_pair({column: values[offset] for column, values in rows.items()}, f"{where} row {index}",
-                         source_lang, target_lang)
+        dataset_row_pair(
+            {column: values[offset] for column, values in rows.items()},
+            f"{where} row {index}",
+            source_lang,
+            target_lang,
+        )
         for offset, index in enumerate(indices)
-    ]  # fmt: skip
+    ]
     return {"source": [source for source, _ in pairs], "target": [target for _, target in pairs]}
 
 

@@ -49,8 +49,11 @@ from hf_vanilla_transformer.training.trainer import TranslationTrainer, training
 
 logger = logging.getLogger("run_translation")
 
-SPLITS = (("train", "train_file", "max_train_samples"), ("validation", "validation_file", "max_eval_samples"),
-          ("test", "test_file", "max_predict_samples"))  # fmt: skip
+SPLITS = (
+    ("train", "train_file", "max_train_samples"),
+    ("validation", "validation_file", "max_eval_samples"),
+    ("test", "test_file", "max_predict_samples"),
+)
 METRIC_PREFIXES = {"validation": "eval", "test": "predict"}
 # bumped when `tokenize` or the BPE training changes what it makes from the same data, so that no older cache is reused
 TOKENS_FORMAT = 1
@@ -106,18 +109,25 @@ def prepare(model_args, data_args, training_args) -> Run:
     with training_args.main_process_first(local=True, desc="reading and tokenizing the data"):
         splits = {
             split: load_translation_split(
-                getattr(data_args, file_flag), data_args.dataset_name, data_args.dataset_config_name, split,
-                data_args.source_lang, data_args.target_lang, getattr(data_args, limit_flag), data_args.cache_dir,
+                getattr(data_args, file_flag),
+                data_args.dataset_name,
+                data_args.dataset_config_name,
+                split,
+                data_args.source_lang,
+                data_args.target_lang,
+                getattr(data_args, limit_flag),
+                data_args.cache_dir,
             )
             for split, file_flag, limit_flag in SPLITS
             if wanted[split]
-        }  # fmt: skip
+        }
         tokenizer = load_or_train_tokenizer(model_args, data_args, splits, training_args)
     model = load_or_build_model(model_args, tokenizer, training_attention(model_args, training_args))
     # Section 6.1 chose beam size and alpha on the development set: a recipe may do the same. Every decoding flag
     # goes into the generation config, so that the saved model translates as it was scored.
-    fold_generation_settings(model, training_args, num_beams=data_args.num_beams,
-                             length_penalty=data_args.length_penalty)  # fmt: skip
+    fold_generation_settings(
+        model, training_args, num_beams=data_args.num_beams, length_penalty=data_args.length_penalty
+    )
 
     positions = model.config.max_position_embeddings
     for name in ("max_source_length", "max_target_length"):
@@ -157,20 +167,29 @@ def load_or_train_tokenizer(model_args, data_args, splits, training_args):
     if "train" not in splits:
         raise ValueError("without --tokenizer_name the vocabulary is trained on the training data: give --do_train")
     train = splits["train"]
-    settings = {"vocab_size": model_args.vocab_size, "normalization": model_args.normalization,
-                "split_han": model_args.split_han}  # fmt: skip
+    settings = {
+        "vocab_size": model_args.vocab_size,
+        "normalization": model_args.normalization,
+        "split_han": model_args.split_han,
+    }
     fingerprint = dataset_fingerprint(train, TOKENS_FORMAT, settings)
     cached = None
     if fingerprint is not None:
-        cached = os.path.join(data_args.cache_dir or datasets.config.HF_DATASETS_CACHE, "hf_vanilla_transformer",
-                              f"bpe-{fingerprint}")  # fmt: skip
+        cached = os.path.join(
+            data_args.cache_dir or datasets.config.HF_DATASETS_CACHE, "hf_vanilla_transformer", f"bpe-{fingerprint}"
+        )
         if os.path.isdir(cached) and not data_args.overwrite_cache:
             logger.info("Loading the shared BPE vocabulary trained on this data before: %s", cached)
             return load_tokenizer(cached)
     logger.info("Training a shared %d-token BPE vocabulary on the training data", model_args.vocab_size)
     sentences = chain(column_values(train, "source"), column_values(train, "target"))
-    progress = tqdm(sentences, total=2 * len(train), desc="Learning the BPE from", unit=" sentences",
-                    disable=training_args.disable_tqdm)  # fmt: skip
+    progress = tqdm(
+        sentences,
+        total=2 * len(train),
+        desc="Learning the BPE from",
+        unit=" sentences",
+        disable=training_args.disable_tqdm,
+    )
     tokenizer = train_shared_bpe(progress, **settings)
     if cached is not None:
         save_tokenizer_atomically(tokenizer, cached)
@@ -258,8 +277,9 @@ def tokenize(
 
 def encode_pairs(batch: dict, tokenizer, max_source_length: int, max_target_length: int) -> dict:
     features = tokenizer(batch["source"], max_length=max_source_length, truncation=True, return_attention_mask=False)
-    labels = tokenizer(text_target=batch["target"], max_length=max_target_length, truncation=True,
-                       return_attention_mask=False)  # fmt: skip
+    labels = tokenizer(
+        text_target=batch["target"], max_length=max_target_length, truncation=True, return_attention_mask=False
+    )
     return {"input_ids": features["input_ids"], "labels": labels["input_ids"]}
 
 

@@ -294,8 +294,10 @@ class TranslationTrainer(Seq2SeqTrainer):
             and os.path.isfile(os.path.join(checkpoint, TRAINER_STATE_NAME))
             and training_is_over(checkpoint, self.args)
         ):
-            raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint}: training is over there (max_steps "
-                             "reached or the time budget spent); save_final_model(it) saves its model")  # fmt: skip
+            raise ValueError(
+                f"resume_from_checkpoint {resume_from_checkpoint}: training is over there (max_steps "
+                "reached or the time budget spent); save_final_model(it) saves its model"
+            )
         if self.moving_average is not None:  # the checkpoint transformers resumes from, where the average goes on
             resumed = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else checkpoint
             if resumed is not None and not os.path.isfile(os.path.join(resumed, MOVING_AVERAGE_NAME)):
@@ -372,8 +374,9 @@ class TranslationTrainer(Seq2SeqTrainer):
         )
         return self.accelerator.prepare(loader)
 
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix="eval") -> EvalLoopOutput:  # fmt: skip
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ) -> EvalLoopOutput:
         """`Trainer.evaluation_loop` with one prediction per example on several processes. accelerate fills every
         process's last batch with examples from the dataset's start, and Seq2SeqTrainer.evaluate/predict gather
         with `accelerator.gather`, which keeps them (32 predictions for 24 references). Batched in dataset order
@@ -381,10 +384,13 @@ class TranslationTrainer(Seq2SeqTrainer):
         cut there, and so is what `compute_metrics` receives (`metrics_per_example`: transformers offers no hook
         between gathering and `compute_metrics`)."""
         self.examples_in_evaluation = len(dataloader.dataset) if isinstance(dataloader.dataset, Sized) else None
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
-                                         metric_key_prefix)  # fmt: skip
-        return EvalLoopOutput(self.first_examples(output.predictions), self.first_examples(output.label_ids),
-                              output.metrics, output.num_samples)  # fmt: skip
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        return EvalLoopOutput(
+            self.first_examples(output.predictions),
+            self.first_examples(output.label_ids),
+            output.metrics,
+            output.num_samples,
+        )
 
     def first_examples(self, arrays):
         """The rows of gathered `arrays` that are the evaluated dataset's, in its order (see `evaluation_loop`)."""

@@ -66,8 +66,12 @@ def run_python(code: str, hf_home, package_importable: bool = False) -> subproce
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
         [sys.executable, "-c", block + textwrap.dedent(code)],
-        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
