@@ -1,4 +1,4 @@
-"""hf_vanilla_transformer.commands: the flag parser, recipe files and --config_overrides (the console scripts are
+"""hf_vanilla_transformer.cli.flags: the flag parser, recipe files and --config_overrides (the console scripts are
 tested with their modules: test_translate.py, test_visualize.py, test_export_ctranslate2.py)."""
 
 from dataclasses import dataclass, field

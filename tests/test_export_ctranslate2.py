@@ -1,4 +1,4 @@
-"""hf_vanilla_transformer.export_ctranslate2, and vanilla-translate on its folders: CTranslate2 translates as our
+"""hf_vanilla_transformer.tools.export_ctranslate2, and vanilla-translate on its folders: CTranslate2 translates as our
 model does."""
 
 import json

@@ -91,7 +91,7 @@ def rotate_checkpoints(output_dir: str, limit: int | None, keep: str | None = No
     older steps, complete or not.
 
     transformers' rotation (`trainer_utils.rotate_checkpoints`, which its Trainer calls with `use_mtime=True` in
-    5.16 to 5.24) orders the folders by modification time, which deleting files changes: a run stopped while
+    the releases we support) orders the folders by modification time, which deleting files changes: a run stopped while
     deleting a folder leaves it half-deleted and, to the next rotation, the newest, so a newer checkpoint is deleted
     in its place and checkpoint averaging reads the half-deleted one. Ordered by step (`use_mtime=False`) it still
     deletes a folder file by file where it lies, and a half-deleted folder that kept its weights and trainer state

@@ -15,9 +15,9 @@ Choices, all documented in the README:
 - `split_han=True` makes every Han character (Chinese hanzi, Japanese kanji) a word of its own before BPE, so merges
   never join two of them: a character seen often enough in training becomes one token (no merge is spent on
   multi-character words), and the vocabulary's remaining room goes to the other language. Chinese is then
-  written character by character, as BLEU's `zh` tokenization scores it; without it, the 8,000-token Tatoeba
-  vocabulary spells 2.3% of the test's Chinese characters as byte pieces while it spends tokens on multi-character
-  words.
+  written character by character, as BLEU's `zh` tokenization scores it; without it, a small vocabulary spells
+  some of a test set's Chinese characters as byte pieces while it spends tokens on multi-character words
+  (BENCHMARKS.md, "What the shared byte-level BPE does with Chinese").
 - Special tokens `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3, the ids `VanillaTransformerConfig` uses by default.
   Encoding appends `</s>`; the decoder's `<s>` comes from the model (`decoder_start_token_id`).
 """

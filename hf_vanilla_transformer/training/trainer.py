@@ -179,9 +179,10 @@ class CheckpointCallback(TrainerCallback):
 
 class BatchSamplerEpoch(TrainerCallback):
     """Gives the token-budget sampler its epoch at the start of every epoch, a resumed one included. The Trainer
-    calls `set_epoch` on its training DataLoader, which accelerate (1.15) forwards to the batch sampler only where no
+    calls `set_epoch` on its training DataLoader, which accelerate forwards to the batch sampler only where no
     `BatchSamplerShard` wraps it (one process), and not to the loader that `skip_first_batches` builds for the
-    epoch a run resumes in; transformers 5.23 and 5.24 also reach into the shard, 5.16 does not."""
+    epoch a run resumes in; some transformers releases of our window reach into the shard and some do not, so the
+    callback does it on all of them."""
 
     def __init__(self):
         self.sampler = None
