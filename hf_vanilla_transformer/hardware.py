@@ -30,9 +30,9 @@ def keep_more_onednn_kernels() -> None:
 
     On a CPU with bfloat16 units torch multiplies bfloat16 matrices through oneDNN, which builds a kernel (a
     "primitive") for each shape and keeps the newest 1,024. Token-budget batches come in hundreds of shapes and a
-    training step's products need dozens of kernels, so with 1,024 kept most steps built theirs again, a good part
-    of a bfloat16 step (BENCHMARKS.md, "oneDNN's kernels"). oneDNN reads the variable when it builds its first
-    kernel: call this before the first bfloat16 product. float32 products do not go through oneDNN."""
+    training step's products need dozens of kernels, so with 1,024 kept a run built them again in every epoch
+    (BENCHMARKS.md, "oneDNN's kernels"). oneDNN reads the variable when it builds its first kernel: call this
+    before the first bfloat16 product. float32 products do not go through oneDNN."""
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_KERNELS_KEPT))
 
 
