@@ -99,7 +99,6 @@ def prepare(model_args, data_args, training_args) -> Run:
         raise ValueError("--push_to_hub needs --hub_model_id (for example your-name/multi30k-en-de)")
     sacrebleu_bleu(bleu_tokenization(data_args.target_lang, data_args.bleu_tokenize))  # fails now, not after training
     set_seed(training_args.seed)
-    keep_more_onednn_kernels()
 
     wanted = {"train": training_args.do_train, "validation": training_args.do_eval, "test": training_args.do_predict}
     for split, file_flag, _ in SPLITS:
@@ -302,6 +301,7 @@ def train_and_evaluate(run: Run) -> dict:
     """Train (unless only evaluating), save the final model, evaluate and predict; write the results, the test
     predictions and the run's record into the output folder. Returns the results."""
     args, tokenizer, splits = run.training_args, run.tokenizer, run.splits
+    keep_more_onednn_kernels()  # before the first bfloat16 product
     metric = load_translation_metric()
     metric_options = {"target_language": run.data_args.target_lang, "bleu_tokenize": run.data_args.bleu_tokenize}
     trainer = TranslationTrainer(
