@@ -14,6 +14,7 @@ from hf_vanilla_transformer.files import InputError
 from hf_vanilla_transformer.training.data import load_translation_split
 from hf_vanilla_transformer.training.run import prepare
 from support.files import write_lines
+from support.runs import QUIET_CPU
 
 WORDS = ("cat", "dog", "man", "woman", "ball", "red", "blue", "runs", "sits", "plays", "in", "the", "park", "water")
 
@@ -53,12 +54,7 @@ def prepared(train: str, cache: Path, *flags: str):
             "true",
             "--cache_dir",
             str(cache),
-            "--use_cpu",
-            "true",
-            "--report_to",
-            "none",
-            "--disable_tqdm",
-            "true",
+            *QUIET_CPU,
             *flags,
         ]
     )

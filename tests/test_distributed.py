@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from support.paths import REPO_ROOT, TEST, TRAIN, VALIDATION
 from support.processes import audited_ranks, audited_writes, free_port, run_side_by_side, write_audit_env
+from support.runs import QUIET_CPU
 
 # Dropout off: each process draws dropout masks from a random stream of its own, which one process accumulating two
 # batches cannot reproduce. All else in a step is the same arithmetic, summed in another order.
@@ -58,12 +59,7 @@ DISTRIBUTED_RUN = [
     "10",
     "--average_last_checkpoints",
     "2",
-    "--report_to",
-    "none",
-    "--use_cpu",
-    "true",
-    "--disable_tqdm",
-    "true",
+    *QUIET_CPU,
     "--seed",
     "0",
 ]

@@ -14,6 +14,7 @@ from hf_vanilla_transformer.cli import run_translation
 from hf_vanilla_transformer.training.checkpoints import checkpoint_to_resume
 from support.hostile import assert_one_line_error
 from support.paths import REPO_ROOT, TRAIN
+from support.runs import QUIET_CPU
 
 
 @pytest.mark.slow
@@ -34,12 +35,7 @@ def test_resume_from_checkpoint(tmp_path):
         "4",
         "--logging_steps",
         "2",
-        "--report_to",
-        "none",
-        "--use_cpu",
-        "true",
-        "--disable_tqdm",
-        "true",
+        *QUIET_CPU,
         "--output_dir",
         str(tmp_path / "run"),
         "--max_train_minutes",
@@ -98,12 +94,7 @@ KILLED_RUN = [
     "4",
     "--seed",
     "3",
-    "--report_to",
-    "none",
-    "--use_cpu",
-    "true",
-    "--disable_tqdm",
-    "true",
+    *QUIET_CPU,
 ]
 KILL_TIMEOUT = 240
 

@@ -28,7 +28,7 @@ from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
 from support.files import write_bytes_lines, write_dataset, write_lines
 from support.hostile import FUZZ_SETTINGS, HOSTILE_LINES, JSON_VALUES, assert_one_line_error
 from support.paths import REPO_ROOT, TATOEBA_EN_ZH, TEST, TRAIN
-from support.runs import CHINESE_CHARACTER, CHINESE_RUN, TINY_MODEL_RUN
+from support.runs import CHINESE_CHARACTER, CHINESE_RUN, QUIET_CPU, TINY_MODEL_RUN
 
 OUTPUT_FILES = {
     "config.json",
@@ -119,12 +119,7 @@ def test_the_saved_model_translates_as_it_was_scored(trained_run, tmp_path):
             "32",
             "--output_dir",
             str(output),
-            "--report_to",
-            "none",
-            "--use_cpu",
-            "true",
-            "--disable_tqdm",
-            "true",
+            *QUIET_CPU,
         ]
     )
     generation = json.loads((output / "generation_config.json").read_text())

@@ -13,6 +13,7 @@ import run_translation
 from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline
 from support.hostile import assert_one_line_error
 from support.paths import TEST, TRAIN, VALIDATION
+from support.runs import QUIET_CPU
 
 pytestmark = pytest.mark.slow  # runs run_translation.py on Multi30k slices
 
@@ -50,12 +51,7 @@ STOCK_RUN = [
     "5",
     "--per_device_train_batch_size=16",
     "--per_device_eval_batch_size=4",
-    "--report_to",
-    "none",
-    "--use_cpu",
-    "true",
-    "--disable_tqdm",
-    "true",
+    *QUIET_CPU,
     "--seed",
     "0",
 ]

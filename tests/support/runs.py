@@ -6,6 +6,9 @@ from pathlib import Path
 
 from support.paths import TATOEBA_EN_ZH, TEST, TRAIN, VALIDATION
 
+# a run on the CPU that reports to no tracker and draws no progress bar
+QUIET_CPU = ["--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true"]
+
 # a 2+2-layer d_model 64 model, trained, evaluated and used for prediction in seconds
 TINY_MODEL_RUN = [
     "--preset",
@@ -20,12 +23,7 @@ TINY_MODEL_RUN = [
     "1500",
     "--per_device_eval_batch_size",
     "32",
-    "--report_to",
-    "none",
-    "--use_cpu",
-    "true",
-    "--disable_tqdm",
-    "true",
+    *QUIET_CPU,
     "--seed",
     "0",
 ]
