@@ -8,7 +8,7 @@ import datasets
 import numpy as np
 import pytest
 
-from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler, token_counts
+from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler, row_lengths
 
 
 def list_sampler_batches(sources, targets, max_tokens, epoch, seed, per_step=1, shuffle=True) -> list[list[int]]:
@@ -72,7 +72,7 @@ def test_an_epoch_of_batches_takes_a_few_bytes_a_pair():
     batches. The list-based sampler took about 170 bytes a pair (a list of Python integers and a sort key tuple
     each)."""
     count = 150_000
-    sources, targets = np.random.default_rng(0).integers(3, 61, size=(2, count), dtype=np.int32)  # as token_counts
+    sources, targets = np.random.default_rng(0).integers(3, 61, size=(2, count), dtype=np.int32)  # as row_lengths
     tracemalloc.start()
     try:
         sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=4096, num_processes=2, seed=1)
@@ -84,8 +84,8 @@ def test_an_epoch_of_batches_takes_a_few_bytes_a_pair():
     assert peak / count < 40, f"{peak / count:.1f} bytes a pair"
 
 
-def test_token_counts_are_read_from_the_arrow_offsets():
+def test_row_lengths_are_read_from_the_arrow_offsets():
     dataset = datasets.Dataset.from_dict({"input_ids": [[5, 6, 2], [2], [7, 8, 9, 10, 2]], "labels": [[2], [3, 2], []]})
-    assert token_counts(dataset, "input_ids").tolist() == [3, 1, 5]
-    assert token_counts(dataset, "labels").tolist() == [1, 2, 0]
-    assert token_counts(dataset.select([2, 0]), "input_ids").tolist() == [5, 3]  # through an indices mapping too
+    assert row_lengths(dataset, "input_ids").tolist() == [3, 1, 5]
+    assert row_lengths(dataset, "labels").tolist() == [1, 2, 0]
+    assert row_lengths(dataset.select([2, 0]), "input_ids").tolist() == [5, 3]  # through an indices mapping too

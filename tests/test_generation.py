@@ -15,6 +15,7 @@ from transformers import (
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import CACHE_NAME, paper_generation_config
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
 from hf_vanilla_transformer.training.trainer import TranslationTrainer
 from support.models import BOS, EOS, PAD, cache_of, letter_tokenizer, random_token_dataset, tiny_model
 
@@ -223,8 +224,13 @@ def output_lengths(predictions) -> list[int]:
     return lengths
 
 
-@pytest.mark.parametrize("trainer_class", [Seq2SeqTrainer, TranslationTrainer])
-def test_evaluation_keeps_the_length_limit_of_every_batch_and_of_the_saved_model(tmp_path, trainer_class):
+@pytest.mark.parametrize(
+    "trainer_class, arguments_class",
+    [(Seq2SeqTrainer, Seq2SeqTrainingArguments), (TranslationTrainer, TranslationTrainingArguments)],
+)
+def test_evaluation_keeps_the_length_limit_of_every_batch_and_of_the_saved_model(
+    tmp_path, trainer_class, arguments_class
+):
     """Seq2SeqTrainer fills the model's unset generation settings with transformers' defaults after its first
     evaluation batch (max_length=20 among them); every later batch, and every later call, must still decode each
     sentence to its source length + 50 tokens. An untrained model never chooses </s>, so each output reaches it.
@@ -239,7 +245,7 @@ def test_evaluation_keeps_the_length_limit_of_every_batch_and_of_the_saved_model
         seen_in_training.append(output_lengths(prediction.predictions))
         return {}
 
-    args = Seq2SeqTrainingArguments(
+    args = arguments_class(
         output_dir=str(tmp_path / "run"),
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,  # 3 evaluation batches

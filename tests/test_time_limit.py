@@ -10,7 +10,8 @@ import torch
 from transformers import DataCollatorForSeq2Seq, ProgressCallback, TrainerCallback, TrainerState
 
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
-from hf_vanilla_transformer.training.trainer import TimeLimitCallback, TranslationTrainer, training_is_over
+from hf_vanilla_transformer.training.callbacks import TimeLimitCallback
+from hf_vanilla_transformer.training.trainer import TranslationTrainer, training_is_over
 from support.models import letter_tokenizer, random_token_dataset, tiny_model
 
 

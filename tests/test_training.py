@@ -1,6 +1,7 @@
 """Training: the token-budget sampler, the schedule of Equation 3, checkpoint averaging and TranslationTrainer; and
 the model training with transformers' Seq2SeqTrainer and DataCollatorForSeq2Seq, unchanged."""
 
+import dataclasses
 import pickle
 import random
 import re
@@ -21,16 +22,17 @@ from transformers import (
 
 from hf_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.cli import run_translation
-from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
-from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
-from hf_vanilla_transformer.training.checkpoints import MOVING_AVERAGE_NAME, average_checkpoints
-from hf_vanilla_transformer.training.run import tokenize
-from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator, train_shared_bpe
-from hf_vanilla_transformer.training.trainer import (
-    BatchSamplerEpoch,
-    TranslationTrainer,
-    training_is_over,
+from hf_vanilla_transformer.training.arguments import (
+    TranslationTrainingArguments,
+    fold_generation_settings,
+    paper_learning_rate,
 )
+from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
+from hf_vanilla_transformer.training.callbacks import BatchSamplerEpoch
+from hf_vanilla_transformer.training.checkpoints import MOVING_AVERAGE_NAME, average_checkpoints
+from hf_vanilla_transformer.training.run import tokenize, trainer_arguments
+from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator, train_shared_bpe
+from hf_vanilla_transformer.training.trainer import TranslationTrainer, training_is_over
 from support.models import (
     BOS,
     LETTERS,
@@ -403,6 +405,39 @@ def test_the_trainer_takes_equation_3s_peak_unless_a_learning_rate_is_given(tmp_
         trainer(warmup_steps=0.1)
 
 
+def test_the_trainer_leaves_the_arguments_it_is_given_as_they_were(tmp_path):
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path), report_to=[], use_cpu=True, save_total_limit=3, average_last_checkpoints=2
+    )
+    before = args.to_dict()
+    trainer = TranslationTrainer(model=tiny_model(), args=args)
+    assert args.to_dict() == before and args.learning_rate is None and args.save_total_limit == 3
+    assert trainer.args.learning_rate == pytest.approx(32**-0.5 * 4000**-0.5)  # set in the trainer's own copy
+    # arguments rebuilt from what they print are the same arguments
+    fields = {field.name for field in dataclasses.fields(TranslationTrainingArguments) if field.init}
+    rebuilt = TranslationTrainingArguments(**{name: value for name, value in before.items() if name in fields})
+    assert rebuilt.to_dict() == before
+
+
+def test_the_trainer_takes_only_its_own_arguments_class(tmp_path):
+    stock = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    with pytest.raises(TypeError, match=r"TranslationTrainer takes TranslationTrainingArguments, not Seq2Seq"):
+        TranslationTrainer(model=tiny_model(), args=stock)
+
+
+def test_a_run_folds_the_decoding_flags_into_the_model_and_gives_the_trainer_a_copy_without_them(tmp_path):
+    args = TranslationTrainingArguments(
+        output_dir=str(tmp_path), report_to=[], use_cpu=True, generation_num_beams=3, generation_max_length=40
+    )
+    model = tiny_model()
+    fold_generation_settings(model, args, length_penalty=1.0)
+    assert (model.generation_config.num_beams, model.generation_config.max_length) == (3, 40)
+    assert (args.generation_num_beams, args.generation_max_length) == (3, 40)  # as given
+    copied = trainer_arguments(args)
+    assert (copied.generation_num_beams, copied.generation_max_length, copied.generation_config) == (None,) * 3
+    assert not copied.push_to_hub and (args.generation_num_beams, args.output_dir) == (3, copied.output_dir)
+
+
 def test_the_main_recipes_weight_decay_shrinks_every_matrix_but_no_bias_or_layer_norm(tmp_path):
     recipe = str(REPO_ROOT / "recipes" / "multi30k_small.yaml")
     _, _, args = run_translation.parse_arguments([recipe, "--output_dir", str(tmp_path), "--bf16", "false"])
@@ -418,7 +453,7 @@ def test_the_main_recipes_weight_decay_shrinks_every_matrix_but_no_bias_or_layer
     assert shrunk == set(before) - kept and kept
     assert "model.shared.weight" in shrunk
     assert args.weight_decay == 0.1
-    factor = 1 - args.learning_rate * args.weight_decay
+    factor = 1 - trainer.args.learning_rate * args.weight_decay
     assert torch.allclose(model.model.shared.weight, before["model.shared.weight"] * factor)
 
 

@@ -78,12 +78,10 @@ def main(argv: list[str] | None = None) -> dict:
         run = prepare(model_args, data_args, training_args)
     except (ValueError, OSError, ImportError, StrictDataclassError) as error:
         sys.exit(f"{PROGRAM}: error: {one_line(error)}")  # a StrictDataclassError (a config field) takes two lines
-    # The Trainer would push every checkpoint and a card of its own; the finished folder is uploaded once instead.
-    push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
     results = train_and_evaluate(run)
     if training_args.should_save:  # the main process
         write_model_card(training_args.output_dir, run.model, run.tokenizer)
-        if push_to_hub:
+        if training_args.push_to_hub:  # the finished folder, once (the Trainer's copy of the arguments has it off)
             url = push_model_folder(
                 training_args.output_dir,
                 training_args.hub_model_id,

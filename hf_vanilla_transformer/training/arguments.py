@@ -100,9 +100,6 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             "walk the autograd graph once more each step."
         },
     )
-    keep_newest_checkpoints: int | None = field(
-        default=None, init=False, metadata={"help": "save_total_limit, for TranslationTrainer's rotation by step."}
-    )
     # transformers' --bf16 with a third value, None: decided by the hardware. argparse takes `nargs` and `const`
     # from the metadata (HfArgumentParser gives a bool field without a default no bare `--bf16`)
     bf16: bool | None = field(
@@ -120,10 +117,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         if self.bf16 is None:
             self.bf16 = bf16_by_default(self.use_cpu, self.fp16)
         super().__post_init__()
-        # transformers rotates checkpoints by modification time, which a stopped deletion upsets (`rotate_checkpoints`):
-        # the limit goes to TranslationTrainer's rotation by step, and `save_total_limit` None keeps the Trainer's off
-        self.keep_newest_checkpoints, self.save_total_limit = self.save_total_limit, None
-        averaged, kept = self.average_last_checkpoints, self.keep_newest_checkpoints
+        averaged, kept = self.average_last_checkpoints, self.save_total_limit
         if averaged < 1:
             raise ValueError(f"--average_last_checkpoints {averaged} must be at least 1")
         if averaged > 1 and self.save_strategy == "no":
@@ -171,7 +165,8 @@ def fold_generation_settings(model, args: Seq2SeqTrainingArguments, **settings) 
     settings it holds; transformers would replace the model's whole config, its length limits included),
     `args.generation_num_beams` and `args.generation_max_length` (transformers passes those to each evaluation's
     `generate()` only, so a model saved by a run decoded unlike the run's scores), then `settings` (e.g.
-    `num_beams`, `length_penalty`; `None` values are not given). The three are cleared from `args`.
+    `num_beams`, `length_penalty`; `None` values are not given). `args` stays as given: the Trainer gets a copy
+    without the three (`run.trainer_arguments`).
 
     A setting that the resulting decoding ignores (see `BEAM_SEARCH_ONLY`, `SAMPLING_ONLY`) goes back to
     transformers' default when it came from the model, and is an error naming it when it was given.
@@ -198,7 +193,6 @@ def fold_generation_settings(model, args: Seq2SeqTrainingArguments, **settings) 
         setattr(config, name, None)
     config.validate(strict=True)
     model.generation_config = config
-    args.generation_config = args.generation_num_beams = args.generation_max_length = None
     return config
 
 

@@ -13,7 +13,7 @@ import pyarrow.compute
 from torch.utils.data import Sampler
 
 
-def token_counts(dataset, column: str) -> np.ndarray:
+def row_lengths(dataset, column: str) -> np.ndarray:
     """The length of each row's token list in `column` of a `datasets.Dataset`, read from the Arrow list offsets:
     no row is decoded into Python."""
     return pyarrow.compute.list_value_length(dataset.with_format("arrow")[column]).to_numpy()

@@ -86,9 +86,10 @@ def checkpoint_to_resume(folder: str) -> str:
     return folder
 
 
-def rotate_checkpoints(output_dir: str, limit: int | None, keep: str | None = None) -> None:
-    """Keep the newest `limit` complete checkpoints by step (and `keep`, the best one), and delete the folders of
-    older steps, complete or not.
+def rotate_checkpoints(output_dir: str, limit: int | None, best: str | None = None, writing: str | None = None) -> None:
+    """Delete the checkpoints older than the newest `limit` by step (None: keep all), counted as transformers counts
+    `save_total_limit`: complete ones and `writing` (one being written) count, `best` (the best one) stays and counts
+    among them, and the newest always stays. Folders of older steps go whether complete or not.
 
     transformers' rotation (`trainer_utils.rotate_checkpoints`, which its Trainer calls with `use_mtime=True` in
     the releases we support) orders the folders by modification time, which deleting files changes: a run stopped while
@@ -103,18 +104,26 @@ def rotate_checkpoints(output_dir: str, limit: int | None, keep: str | None = No
     for name in os.listdir(output_dir):  # what a stopped deletion left
         if name.startswith(BEING_DELETED):
             shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
-    complete = checkpoint_folders(output_dir)
-    if not limit or len(complete) <= limit:
+    if not limit:
         return
-    oldest_kept = int(CHECKPOINT.fullmatch(os.path.basename(complete[-limit])).group(1))
-    steps = sorted(int(match.group(1)) for match in map(CHECKPOINT.fullmatch, os.listdir(output_dir)) if match)
-    for step in steps:
+    steps = {step_of(folder) for folder in checkpoint_folders(output_dir)} | {step_of(writing)} - {None}
+    best_step = step_of(best) if best is not None and step_of(best) in steps else None
+    others = sorted(steps - {best_step})
+    if len(steps) <= limit or not others:
+        return
+    oldest_kept = others[-max(limit - (best_step is not None), 1)]  # the newest always stays, for resuming
+    for step in sorted(step_of(name) for name in os.listdir(output_dir) if CHECKPOINT.fullmatch(name)):
         name = f"checkpoint-{step}"
         folder = os.path.join(output_dir, name)
-        if step < oldest_kept and not (keep and os.path.samefile(folder, keep)):
+        if step < oldest_kept and step != best_step:
             logger.info("Deleting %s (keeping the newest %d)", name, limit)
             os.replace(folder, os.path.join(output_dir, BEING_DELETED + name))
             shutil.rmtree(os.path.join(output_dir, BEING_DELETED + name))
+
+
+def step_of(folder: str | None) -> int | None:
+    """The step of a `checkpoint-STEP` folder (None for None)."""
+    return None if folder is None else int(CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(folder))).group(1))
 
 
 def last_checkpoints(output_dir: str, count: int) -> list[str]:

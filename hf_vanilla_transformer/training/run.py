@@ -3,6 +3,7 @@ then train, average, evaluate and predict (`train_and_evaluate`), leaving a mode
 did (`run_record.json`: data, recipe, steps, time, hardware, scores and an example), from which tools/card.py writes
 the model card."""
 
+import copy
 import hashlib
 import json
 import logging
@@ -71,6 +72,7 @@ class Run:
     model: transformers.PreTrainedModel
     splits: dict[str, Dataset]  # raw `source` / `target` sentences
     tokenized: dict[str, Dataset]  # `input_ids` / `labels`
+    resume_from: str | None  # the checkpoint --resume_from_checkpoint names (`latest`: the newest), checked
 
 
 def prepare(model_args, data_args, training_args) -> Run:
@@ -79,14 +81,15 @@ def prepare(model_args, data_args, training_args) -> Run:
     transformers.utils.logging.set_verbosity_warning()
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise ValueError("nothing to do: give --do_train, --do_eval and/or --do_predict")
-    if training_args.resume_from_checkpoint == LATEST:
+    resume_from = training_args.resume_from_checkpoint
+    if resume_from == LATEST:
         # the same command starts a run and restarts it: from the newest complete checkpoint, if there is one
-        training_args.resume_from_checkpoint = latest_checkpoint(training_args.output_dir)
-        logger.info("Resuming from %s", training_args.resume_from_checkpoint or "the start: no checkpoint yet")
-    elif training_args.resume_from_checkpoint is None:
+        resume_from = latest_checkpoint(training_args.output_dir)
+        logger.info("Resuming from %s", resume_from or "the start: no checkpoint yet")
+    elif resume_from is None:
         check_output_dir(training_args.output_dir, training_args.overwrite_output_dir)
     else:
-        training_args.resume_from_checkpoint = checkpoint_to_resume(training_args.resume_from_checkpoint)
+        resume_from = checkpoint_to_resume(resume_from)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and training_args.world_size == 1:  # each would train alone and overwrite the others' files
         raise ValueError(
@@ -120,7 +123,7 @@ def prepare(model_args, data_args, training_args) -> Run:
             for split, file_flag, limit_flag in SPLITS
             if wanted[split]
         }
-        tokenizer = load_or_train_tokenizer(model_args, data_args, splits, training_args)
+        tokenizer = load_or_train_tokenizer(model_args, data_args, splits, resume_from, training_args.disable_tqdm)
     model = load_or_build_model(model_args, tokenizer, training_attention(model_args, training_args))
     # Section 6.1 chose beam size and alpha on the development set: a recipe may do the same. Every decoding flag
     # goes into the generation config, so that the saved model translates as it was scored.
@@ -148,12 +151,11 @@ def prepare(model_args, data_args, training_args) -> Run:
             )
             for split, dataset in splits.items()
         }
-    return Run(model_args, data_args, training_args, tokenizer, model, splits, tokenized)
+    return Run(model_args, data_args, training_args, tokenizer, model, splits, tokenized, resume_from)
 
 
-def load_or_train_tokenizer(model_args, data_args, splits, training_args):
+def load_or_train_tokenizer(model_args, data_args, splits, resume_from_checkpoint: str | None, disable_tqdm: bool):
     """The given tokenizer, the fine-tuned model's, the checkpoint's when resuming, or a new shared BPE (cached)."""
-    resume_from_checkpoint = training_args.resume_from_checkpoint
     source = model_args.tokenizer_name or model_args.model_name_or_path
     if (
         source is None
@@ -187,7 +189,7 @@ def load_or_train_tokenizer(model_args, data_args, splits, training_args):
         total=2 * len(train),
         desc="Learning the BPE from",
         unit=" sentences",
-        disable=training_args.disable_tqdm,
+        disable=disable_tqdm,
     )
     tokenizer = train_shared_bpe(progress, **settings)
     if cached is not None:
@@ -207,8 +209,8 @@ def save_tokenizer_atomically(tokenizer, folder: str) -> None:
 
 def training_attention(model_args, training_args) -> str | None:
     """--attn_implementation, or eager under bfloat16 autocast on a CPU: there torch's fused attention (sdpa) runs
-    its backward in bfloat16 up to several times slower than in float32, and a step with eager attention was as
-    fast as sdpa's or up to 1.5 times faster (BENCHMARKS.md, "Training in bfloat16"). None: transformers' default."""
+    its backward in bfloat16 slower than in float32, and a step with eager attention was never slower than sdpa's
+    (BENCHMARKS.md, "Training in bfloat16"). None: transformers' default."""
     if model_args.attn_implementation is None and training_args.bf16 and training_args.device.type == "cpu":
         return "eager"
     return model_args.attn_implementation
@@ -288,6 +290,17 @@ def token_limits(data_args, model) -> tuple[int, int]:
     return data_args.max_source_length or positions, data_args.max_target_length or positions
 
 
+def trainer_arguments(args: TranslationTrainingArguments) -> TranslationTrainingArguments:
+    """The Trainer's copy of a run's arguments, without what the run does itself: the decoding settings, which
+    `fold_generation_settings` put into the model's generation config (Seq2SeqTrainer would put --generation_config's
+    whole file back in its place, length limits and all), and --push_to_hub (the Trainer would push every checkpoint
+    and a card of its own; run_translation.py uploads the finished folder once)."""
+    copied = copy.copy(args)
+    copied.generation_config = copied.generation_num_beams = copied.generation_max_length = None
+    copied.push_to_hub = False
+    return copied
+
+
 def training_collator(run: Run):
     """Pads batches (transformers' seq2seq collator), after encoding training text again under BPE-dropout."""
     collator = DataCollatorForSeq2Seq(run.tokenizer, model=run.model)
@@ -306,7 +319,7 @@ def train_and_evaluate(run: Run) -> dict:
     metric_options = {"target_language": run.data_args.target_lang, "bleu_tokenize": run.data_args.bleu_tokenize}
     trainer = TranslationTrainer(
         model=run.model,
-        args=args,
+        args=trainer_arguments(args),
         train_dataset=run.tokenized.get("train"),
         eval_dataset=run.tokenized.get("validation"),
         processing_class=tokenizer,
@@ -320,7 +333,7 @@ def train_and_evaluate(run: Run) -> dict:
 
     state = trainer.state
     if args.do_train:
-        checkpoint = args.resume_from_checkpoint
+        checkpoint = run.resume_from
         if checkpoint is not None and training_is_over(checkpoint, args):
             # a run stopped after its training (while averaging, saving or deleting): straight to the final model
             logger.info("Training is over at %s: nothing more to train", checkpoint)
@@ -362,18 +375,18 @@ def train_and_evaluate(run: Run) -> dict:
         write_text_atomically(
             os.path.join(args.output_dir, "all_results.json"), json.dumps(results, indent=4, sort_keys=True)
         )
-        record = run_record(run, trainer.model, state, card_results, results, example)
+        record = run_record(run, trainer, state, card_results, results, example)
         write_text_atomically(
             os.path.join(args.output_dir, RUN_RECORD), json.dumps(record, indent=2, ensure_ascii=False)
         )
     return results
 
 
-def run_record(run: Run, model, state, scores: dict, results: dict, example: tuple[str, str]) -> dict:
+def run_record(run: Run, trainer, state, scores: dict, results: dict, example: tuple[str, str]) -> dict:
     """What the run did, as its model card shows it: the model's name and languages, the data, the recipe and its
     steps, time and hardware, the scores (`scores[split]`: BLEU, chrF, their signatures, the number of sentences) and
     an example, a test sentence and its translation. `state`: the trainer state at the end of training."""
-    args, data_args = run.training_args, run.data_args
+    args, data_args, model = trainer.args, run.data_args, trainer.model  # the trainer's: its learning rate is set
     data = data_args.dataset_description or data_args.dataset_name or data_args.train_file or "—"
     # the training clock's record (TimeLimitCallback): every start of a resumed run, evaluation not counted (the
     # Trainer's train_runtime is this start's wall-clock time alone)
