@@ -10,8 +10,8 @@ BF16_UNITS = ("avx512_bf16", "amx_bf16")  # named alike by torch.cpu.get_capabil
 
 def cpu_has_bf16_units() -> bool:
     """Whether this machine's CPU multiplies bfloat16 in hardware, which is when bfloat16 can pay off on a CPU: x86
-    CPUs with AVX512-BF16 or AMX-BF16 units (recent Intel Xeons; AMD from Zen 4) multiply bfloat16 matrices several
-    times faster than float32 ones; on CPUs without them (the AMD EPYCs of AVX2 only seen here) torch converts
+    CPUs with AVX512-BF16 or AMX-BF16 units (recent Intel Xeons; AMD from Zen 4) multiply bfloat16 matrices faster
+    than float32 ones; on CPUs without them (the AMD EPYCs of AVX2 only seen here) torch converts
     bfloat16 to float32 for the arithmetic, which costs more than float32 alone."""
     # torch.cpu.get_capabilities() arrived in torch 2.11; older torch answers only through private functions, so
     # there we read the flags Linux lists, and elsewhere say no: float32, the dtype that is right on every CPU

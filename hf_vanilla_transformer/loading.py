@@ -33,6 +33,19 @@ def load_model_and_tokenizer(model_path: str, device: str | None = None, dtype=N
     return load_model(model_path, device, dtype, attn_implementation), load_tokenizer(model_path)
 
 
+def load_ours(model_path: str):
+    """The model (float32, on the CPU) and tokenizer of one of our folders, for an export; another model type is
+    refused, naming the folder's config."""
+    model, tokenizer = load_model_and_tokenizer(model_path, "cpu", dtype="float32")
+    if model.config.model_type != "vanilla_transformer":
+        raise ModelFolderError(
+            f"{os.path.join(model_path, CONFIG_NAME)}: model_type {model.config.model_type!r} is not ours "
+            "(vanilla_transformer); only our models are exported (CTranslate2's ct2-transformers-converter and "
+            "transformers' exporters take others)"
+        )
+    return model, tokenizer
+
+
 # What the model folders we load hold (ours, and our CTranslate2 and ONNX exports): a Hub download takes these files
 # and nothing else. No code (no folder's code is ever run here), no pickles, no checkpoints or training state.
 MODEL_FILES = [

@@ -39,9 +39,8 @@ from .configuration_vanilla_transformer import VanillaTransformerConfig
 
 # Section 6.1: "We set the maximum output length during inference to input length + 50". The generation config
 # holds it under this name, so that it is saved with the model and can be changed or switched off (None); read it
-# with `source_length_margin`.
-MAX_OUTPUT_LENGTH_OVER_INPUT = 50
-SOURCE_LENGTH_LIMIT = "max_new_tokens_over_source"
+# with `max_new_tokens_over_source_of`.
+PAPER_MAX_NEW_TOKENS_OVER_SOURCE = 50
 
 # transformers 5.24 renamed the decoder's cache from `past_key_values` to `cache` (in model arguments, model outputs
 # and the masking functions) and takes the old name until 5.40; earlier releases know only `past_key_values`. The
@@ -758,15 +757,17 @@ def source_length_limit(
     tokens) + `max_new_tokens_over_source` tokens, `</s>` included, within the model's positions. The setting is the
     call's (popped from `kwargs`, which generate() would not know), else the given generation config's, else the
     model's, as transformers fills settings; None where it is None or missing: no such limit."""
-    holding = [c for c in (generation_config, model.generation_config) if hasattr(c, SOURCE_LENGTH_LIMIT)]
-    margin = kwargs.pop(SOURCE_LENGTH_LIMIT, source_length_margin(holding[0]) if holding else None)
-    if margin is None:
+    holding = [c for c in (generation_config, model.generation_config) if hasattr(c, "max_new_tokens_over_source")]
+    max_new_tokens_over_source = kwargs.pop(
+        "max_new_tokens_over_source", max_new_tokens_over_source_of(holding[0]) if holding else None
+    )
+    if max_new_tokens_over_source is None:
         return None
     decoder_input_ids = kwargs.get("decoder_input_ids")
     prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
-    limits = (source_lengths(inputs, kwargs, model.config.pad_token_id, model.device) + margin).clamp(
-        max=model.config.max_position_embeddings - prompt_length
-    )
+    limits = (
+        source_lengths(inputs, kwargs, model.config.pad_token_id, model.device) + max_new_tokens_over_source
+    ).clamp(max=model.config.max_position_embeddings - prompt_length)
     eos_token_id = next(
         value
         for value in (
@@ -798,9 +799,9 @@ def source_lengths(inputs: torch.Tensor | None, kwargs: dict, pad_token_id: int,
     return torch.full((states.shape[0],), states.shape[1], device=states.device)
 
 
-def source_length_margin(generation_config: GenerationConfig) -> int | None:
-    """Section 6.1's margin, `max_new_tokens_over_source`, as a generation config holds it (None: no such limit)."""
-    return getattr(generation_config, SOURCE_LENGTH_LIMIT, None)
+def max_new_tokens_over_source_of(generation_config: GenerationConfig) -> int | None:
+    """Section 6.1's `max_new_tokens_over_source` as a generation config holds it (None: no such limit)."""
+    return getattr(generation_config, "max_new_tokens_over_source", None)
 
 
 def length_limited_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
@@ -816,7 +817,7 @@ def length_limited_generation_config(config: VanillaTransformerConfig) -> Genera
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
         decoder_start_token_id=config.decoder_start_token_id,
-        **{SOURCE_LENGTH_LIMIT: MAX_OUTPUT_LENGTH_OVER_INPUT},
+        max_new_tokens_over_source=PAPER_MAX_NEW_TOKENS_OVER_SOURCE,
     )
 
 

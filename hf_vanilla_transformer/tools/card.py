@@ -16,7 +16,10 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_vanilla_transformer.files import write_text_atomically
 from hf_vanilla_transformer.loading import RUN_RECORD, load_model_and_tokenizer, read_json_object
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config, source_length_margin
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
+    max_new_tokens_over_source_of,
+    paper_generation_config,
+)
 from hf_vanilla_transformer.tools.visualize import write_card_picture
 
 # The template is the repository's top-level model_card.md; the package carries a link to it.
@@ -98,7 +101,7 @@ def render_model_card(
         training=list(training.items()),
         num_beams=model.generation_config.num_beams,
         length_penalty=model.generation_config.length_penalty,
-        source_length_margin=source_length_margin(model.generation_config),
+        max_new_tokens_over_source=max_new_tokens_over_source_of(model.generation_config),
         paper_decoding=paper_generation_config(model.config),
         results=[
             {"split": split, "samples": s.get("samples", ""), "bleu": f"{s['bleu']:.2f}", "chrf": f"{s['chrf']:.2f}"}

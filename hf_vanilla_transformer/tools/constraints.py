@@ -279,7 +279,8 @@ class Settings:
 
 
 def source_limits(model, attention_mask: torch.LongTensor) -> torch.LongTensor | None:
-    """Section 6.1's limit as the model's `generate()` sets it: source length + margin tokens, `</s>` included."""
+    """Section 6.1's limit as the model's `generate()` sets it: source length + `max_new_tokens_over_source` tokens,
+    `</s>` included."""
     limit = source_length_limit(model, None, None, {"attention_mask": attention_mask})
     return None if limit is None else limit.max_new_tokens
 

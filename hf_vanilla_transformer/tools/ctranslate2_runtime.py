@@ -11,7 +11,7 @@ import torch
 from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.hardware import check_device
 from hf_vanilla_transformer.loading import load_tokenizer
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
 from hf_vanilla_transformer.tools.export_ctranslate2 import QUANTIZATIONS
 from hf_vanilla_transformer.tools.prefix import prefix_token_ids
 from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, Translator
@@ -50,7 +50,7 @@ class CTranslate2Translator(Translator):
         self.max_positions = generation.max_length
         self.num_beams = generation.num_beams or 1
         self.length_penalty = generation.length_penalty
-        self.new_tokens_over_source = source_length_margin(generation)
+        self.max_new_tokens_over_source = max_new_tokens_over_source_of(generation)
         # tokens the generation config never lets generate() write (`suppress_tokens`), as CTranslate2 names them
         suppressed = self.tokenizer.convert_ids_to_tokens(generation.suppress_tokens or [])
         self.suppress_sequences = [[token] for token in suppressed] or None
@@ -92,8 +92,8 @@ class CTranslate2Translator(Translator):
         ids = self.tokenizer(sentences, truncation=True, max_length=self.max_positions)["input_ids"]
         if max_new_tokens is not None:
             limits = [max_new_tokens] * len(ids)
-        elif self.new_tokens_over_source is not None:
-            limits = [len(source) + self.new_tokens_over_source for source in ids]
+        elif self.max_new_tokens_over_source is not None:
+            limits = [len(source) + self.max_new_tokens_over_source for source in ids]
         else:
             limits = [self.max_positions] * len(ids)
         limits = [min(limit, self.max_positions) for limit in limits]

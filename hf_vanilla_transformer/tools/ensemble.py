@@ -245,9 +245,9 @@ class TranslationEnsemble(nn.Module, GenerationMixin):
     ) -> LogitsProcessorList:
         """Section 6.1's length rule for `self.generate(**batch, ...)`, to pass as its `logits_processor`: each
         sentence of `batch` (the tokenizer's output; its `decoder_input_ids` too, if generate() gets them) may
-        produce at most its source length + `max_new_tokens_over_source` tokens, `</s>` included, the margin and
+        produce at most its source length + `max_new_tokens_over_source` tokens, `</s>` included, the setting and
         `</s>` taken from `generation_config` if it has them, else from the ensemble's. It is the processor our
-        model's own `generate()` adds, with the same limits; empty when the margin is None (no such rule).
+        model's own `generate()` adds, with the same limits; empty when the setting is None (no such rule).
 
         A function rather than part of generate(), which the ensemble does not override: transformers' generate()
         offers no other way for a model to add a processor of its own.

@@ -28,8 +28,8 @@ from transformers import GenerationConfig
 
 from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
-from hf_vanilla_transformer.loading import ModelFolderError, load_model_and_tokenizer
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
+from hf_vanilla_transformer.loading import load_ours
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
 from hf_vanilla_transformer.tools.alignment import DEFAULT_LAYER
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16", "int8_bfloat16")
@@ -48,12 +48,7 @@ def export(model_path: str, output_dir: str, quantization: str = "float32", over
         raise ValueError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     converter_class = _converter_class()
     check_output_dir(output_dir, overwrite_output_dir, source=model_path)
-    model, tokenizer = load_model_and_tokenizer(model_path, "cpu")
-    if model.config.model_type != "vanilla_transformer":
-        raise ModelFolderError(
-            f"{os.path.join(model_path, 'config.json')}: model_type {model.config.model_type!r} is not ours "
-            "(vanilla_transformer); CTranslate2's own ct2-transformers-converter converts other models"
-        )
+    model, tokenizer = load_ours(model_path)
     converter = converter_class(model_path, model, tokenizer)
     with atomic_output_dir(output_dir, overwrite_output_dir) as staging:
         converter.convert(staging, quantization=quantization, force=True)
@@ -81,10 +76,18 @@ def usage(generation, quantization: str) -> Callable[[str, str], str]:
 
     beams = generation.num_beams or 1
     penalty = 1.0 if generation.length_penalty is None else generation.length_penalty
-    margin = source_length_margin(generation)
+    max_new_tokens_over_source = max_new_tokens_over_source_of(generation)
     positions = generation.max_length
-    limit = f"the source length + {margin} tokens" if margin is not None else f"{positions} tokens"
-    decoding_length = f"min(len(source) + {margin}, {positions})" if margin is not None else str(positions)
+    limit = (
+        f"the source length + {max_new_tokens_over_source} tokens"
+        if max_new_tokens_over_source is not None
+        else f"{positions} tokens"
+    )
+    decoding_length = (
+        f"min(len(source) + {max_new_tokens_over_source}, {positions})"
+        if max_new_tokens_over_source is not None
+        else str(positions)
+    )
 
     def section(model_id: str, example: str) -> str:
         model_literal, example_literal = code_literal(model_id), code_literal(example)
@@ -148,7 +151,7 @@ def _converter_class():
 
         def get_model_spec(self, model):
             config = model.config
-            check_expressible(config, activations)
+            check_ctranslate2_expressible(config, activations)
             spec = transformer_spec.TransformerSpec.from_config(
                 (config.encoder_layers, config.decoder_layers),
                 config.encoder_attention_heads,
@@ -220,7 +223,7 @@ def _converter_class():
     return LoadedModelConverter
 
 
-def check_expressible(config, activations: dict) -> None:
+def check_ctranslate2_expressible(config, activations: dict) -> None:
     """Refuse, naming the attribute, a variant that CTranslate2's Transformer cannot run."""
     heads = config.encoder_attention_heads
     even_split = config.d_model // heads

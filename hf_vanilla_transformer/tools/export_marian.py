@@ -29,8 +29,8 @@ import torch
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
-from hf_vanilla_transformer.loading import ModelFolderError, load_model_and_tokenizer
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import SOURCE_LENGTH_LIMIT, source_length_margin
+from hf_vanilla_transformer.loading import load_ours
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
 from hf_vanilla_transformer.tools.card import code_literal, write_export_card
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # Marian's nn.LayerNorm(d_model), PyTorch's default
@@ -44,7 +44,7 @@ def marian_feature_order(d_model: int) -> torch.LongTensor:
 
 def marian_config(config) -> MarianConfig:
     """The `MarianConfig` of the same model; refuses, in one line naming the attribute, what Marian cannot run."""
-    check_expressible(config)
+    check_marian_expressible(config)
     return MarianConfig(
         vocab_size=config.vocab_size,
         decoder_vocab_size=config.vocab_size,
@@ -73,7 +73,7 @@ def marian_config(config) -> MarianConfig:
     )
 
 
-def check_expressible(config) -> None:
+def check_marian_expressible(config) -> None:
     """Refuse, naming the attribute, a variant of ours that Marian's architecture cannot compute."""
     config_file = os.path.join(config.name_or_path, "config.json")
     problems = [
@@ -147,23 +147,11 @@ def copy_layer_norm(ours, theirs, order: torch.LongTensor) -> None:
     theirs.bias.copy_(ours.bias[order])
 
 
-def load_ours(model_path: str):
-    """The model (float32, on the CPU) and tokenizer of one of our folders; another model type is refused, naming
-    the folder's config. The exports through the Marian form (this one and ONNX) start here."""
-    model, tokenizer = load_model_and_tokenizer(model_path, "cpu", dtype=torch.float32)
-    if model.config.model_type != "vanilla_transformer":
-        raise ModelFolderError(
-            f"{os.path.join(model_path, 'config.json')}: model_type {model.config.model_type!r} is not ours "
-            "(vanilla_transformer); only our models are exported"
-        )
-    return model, tokenizer
-
-
 def marian_generation_config(generation_config: GenerationConfig) -> GenerationConfig:
     """Our decoding settings without the per-sentence length limit, which Marian's `generate()` does not know: its
     fixed `max_length` (the longest the positions allow) is the only limit left."""
     settings = generation_config.to_diff_dict()
-    settings.pop(SOURCE_LENGTH_LIMIT, None)
+    settings.pop("max_new_tokens_over_source", None)
     settings.pop("transformers_version", None)
     return GenerationConfig(**settings)
 
@@ -184,8 +172,10 @@ def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False)
 def write_card(model_path: str, folder: str, model_id: str) -> None:
     """The source's card with this folder's "How to use", its decoding read from the generation configs written."""
     generation = read_json(os.path.join(folder, "generation_config.json"))
-    margin = source_length_margin(GenerationConfig.from_pretrained(model_path))
-    write_export_card(model_path, folder, model_id, "transformers", ["marian"], usage(generation, margin))
+    max_new_tokens_over_source = max_new_tokens_over_source_of(GenerationConfig.from_pretrained(model_path))
+    write_export_card(
+        model_path, folder, model_id, "transformers", ["marian"], usage(generation, max_new_tokens_over_source)
+    )
 
 
 def read_json(path: str) -> dict:
@@ -193,17 +183,19 @@ def read_json(path: str) -> dict:
         return json.load(file)
 
 
-def usage(generation: dict, margin: int | None) -> Callable[[str, str], str]:
+def usage(generation: dict, max_new_tokens_over_source: int | None) -> Callable[[str, str], str]:
     """The card's "How to use" for a Marian export decoding with `generation` (its generation config's settings),
-    exported from a model whose sentences ended by their source length + `margin` tokens (None: no such limit)."""
+    exported from a model whose sentences ended by their source length + `max_new_tokens_over_source` tokens
+    (None: no such limit)."""
 
     def section(model_id: str, example: str) -> str:
         model_literal, example_literal = code_literal(model_id), code_literal(example)
         limit = (
-            f"\n\nThe source model also ends each sentence by its source length + {margin} tokens (Section 6.1). "
+            "\n\nThe source model also ends each sentence by its source length + "
+            f"{max_new_tokens_over_source} tokens (Section 6.1). "
             "Marian has no such rule, so a translation that does not end by itself runs on to `max_length` here "
             "(pass `max_new_tokens` per sentence to keep the rule); on every other sentence the two translate alike."
-            if margin is not None
+            if max_new_tokens_over_source is not None
             else ""
         )
         return f"""## How to use

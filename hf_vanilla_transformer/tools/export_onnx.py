@@ -36,9 +36,14 @@ from transformers import DynamicCache, EncoderDecoderCache, GenerationConfig
 
 from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import CACHE_NAME, source_length_margin
+from hf_vanilla_transformer.loading import load_ours
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
+    CACHE_NAME,
+    PAPER_MAX_NEW_TOKENS_OVER_SOURCE,
+    max_new_tokens_over_source_of,
+)
 from hf_vanilla_transformer.tools.card import code_literal, write_export_card
-from hf_vanilla_transformer.tools.export_marian import load_ours, marian_model
+from hf_vanilla_transformer.tools.export_marian import marian_model
 
 ONNX_FOLDER = "onnx"
 QUANTIZED = "_quantized"  # transformers.js's suffix for int8 files (its dtype "q8")
@@ -287,21 +292,25 @@ def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False)
         marian.config.save_pretrained(staging)
         greedy_generation_config(model.generation_config).save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        margin = source_length_margin(model.generation_config)
-        write_export_card(model_path, staging, output_dir, "transformers.js", ["onnx", "marian"], usage(margin))
+        max_new_tokens_over_source = max_new_tokens_over_source_of(model.generation_config)
+        write_export_card(
+            model_path, staging, output_dir, "transformers.js", ["onnx", "marian"], usage(max_new_tokens_over_source)
+        )
     return output_dir
 
 
-def usage(margin: int | None) -> Callable[[str, str], str]:
+def usage(max_new_tokens_over_source: int | None) -> Callable[[str, str], str]:
     """The card's "How to use" for an ONNX export of a model whose sentences ended by their source length +
-    `margin` tokens (None: no such limit)."""
+    `max_new_tokens_over_source` tokens (None: no such limit)."""
 
     def section(model_id: str, example: str) -> str:
         model_literal, example_literal = code_literal(model_id), code_literal(example)
+        new_tokens = (max_new_tokens_over_source or PAPER_MAX_NEW_TOKENS_OVER_SOURCE) - 1  # `</s>` is not counted
         limit = (
-            f"The source model ends each sentence by its source length + {margin} tokens, `</s>` included (Section "
-            "6.1); pass one fewer as `max_new_tokens`, as above, sentence by sentence."
-            if margin is not None
+            "The source model ends each sentence by its source length + "
+            f"{max_new_tokens_over_source} tokens, `</s>` included (Section 6.1); pass one fewer as "
+            "`max_new_tokens`, as above, sentence by sentence."
+            if max_new_tokens_over_source is not None
             else "Pass `max_new_tokens` to bound a translation."
         )
         return f"""## How to use
@@ -316,7 +325,7 @@ import {{ AutoTokenizer, AutoModelForSeq2SeqLM }} from "@huggingface/transformer
 const tokenizer = await AutoTokenizer.from_pretrained({model_literal});
 const model = await AutoModelForSeq2SeqLM.from_pretrained({model_literal}, {{ dtype: "fp32" }});
 const inputs = tokenizer({example_literal});
-const output = await model.generate({{ ...inputs, max_new_tokens: inputs.input_ids.dims[1] + {(margin or 50) - 1} }});
+const output = await model.generate({{ ...inputs, max_new_tokens: inputs.input_ids.dims[1] + {new_tokens} }});
 console.log(tokenizer.decode(output[0], {{ skip_special_tokens: true }}));
 ```
 

@@ -13,7 +13,7 @@ from transformers import GenerationConfig, MarianConfig
 
 from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.loading import load_tokenizer
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
 from hf_vanilla_transformer.tools.export_onnx import ONNX_FOLDER, QUANTIZED, output_names, past_names
 from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, Translator
 
@@ -47,7 +47,7 @@ class OnnxTranslator(Translator):
         self.config = MarianConfig.from_pretrained(model_path)
         generation = GenerationConfig.from_pretrained(model_path)
         self.max_positions = generation.max_length or self.config.max_position_embeddings
-        self.new_tokens_over_source = source_length_margin(generation)
+        self.max_new_tokens_over_source = max_new_tokens_over_source_of(generation)
         self.suppress_tokens = generation.suppress_tokens or []  # never written, as generate() never writes them
         self.past_names = past_names(self.config.decoder_layers)
         self.present_names = output_names(self.config.decoder_layers)[1 : 1 + len(self.past_names)]
@@ -59,8 +59,8 @@ class OnnxTranslator(Translator):
         config = self.config
         longest = self.max_positions - 1  # the positions, the decoder's start token taken
         limits = np.full(len(input_ids), longest + 1)  # no sentence's own limit: never forced
-        if self.new_tokens_over_source is not None:
-            limits = np.minimum(attention_mask.sum(-1) + self.new_tokens_over_source, longest)
+        if self.max_new_tokens_over_source is not None:
+            limits = np.minimum(attention_mask.sum(-1) + self.max_new_tokens_over_source, longest)
         longest = min(longest, int(limits.max()), max_new_tokens or longest)
         (hidden,) = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})
         heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads

@@ -26,7 +26,7 @@ from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.files import InputError, decoded_lines, numbered_lines, write_text_atomically
 from hf_vanilla_transformer.hardware import check_device, check_torch_device, cpu_has_bf16_units, default_device
 from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer, model_folder
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
 from hf_vanilla_transformer.model.pipeline_translation import sequence_scores
 from hf_vanilla_transformer.tools.alignment import format_alignment
 from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator, ctranslate2_device
@@ -192,7 +192,7 @@ class ModelTranslator(Translator):
         self.model_paths = model_paths
         self.max_positions = self.model.config.max_position_embeddings
         self.generation_config = self.model.generation_config
-        self.new_tokens_over_source = source_length_margin(self.generation_config)
+        self.max_new_tokens_over_source = max_new_tokens_over_source_of(self.generation_config)
         self.num_beams = self.generation_config.num_beams or 1
 
     def hypotheses(self, sentences: list[str], batch_size: int, steering: Steering, **generate_kwargs):
@@ -336,8 +336,10 @@ def check_steering_of(model_path: str, lines: list[str], steering: Steering, max
     tokenizer, generation = load_tokenizer(model_path), GenerationConfig.from_pretrained(model_path)
     todo = [index for index, line in enumerate(lines) if line.strip()]
     lengths = token_counts(tokenizer, [lines[index].strip() for index in todo])
-    margin = source_length_margin(generation)
-    limits = [length_limit(length, generation.max_length, margin, max_new_tokens) for length in lengths]
+    max_new_tokens_over_source = max_new_tokens_over_source_of(generation)
+    limits = [
+        length_limit(length, generation.max_length, max_new_tokens_over_source, max_new_tokens) for length in lengths
+    ]
     check_steering(tokenizer, steering, todo, limits)
 
 
@@ -410,9 +412,8 @@ def write_lines(path: str, lines: list[str]) -> None:
 
 def translation_dtype(name: str, device: str | None) -> torch.dtype:
     """The dtype to load a model in for translating on `device` (None: cuda if available). "auto" is bfloat16 on a
-    CPU with bfloat16 units, where generate() ran 1.33x (Intel Xeon, AMX) to 1.65x (AMD EPYC, AVX512-BF16) as fast
-    as float32 at the same test BLEU (BENCHMARKS.md, "bfloat16 on a CPU with bf16 units"), and float32 elsewhere
-    (not measured faster at equal BLEU)."""
+    CPU with bfloat16 units, where generate() ran faster than in float32 at the same test BLEU (BENCHMARKS.md,
+    "bfloat16 on a CPU with bf16 units"), and float32 elsewhere (not measured faster at equal BLEU)."""
     if name != "auto":
         return getattr(torch, name)
     on_cpu = default_device(device).startswith("cpu")

@@ -78,15 +78,18 @@ class Translator:
         set_seed(seed)
 
     def length_limit(self, source_length: int, max_new_tokens: int | None = None) -> int:
-        return length_limit(source_length, self.max_positions, self.new_tokens_over_source, max_new_tokens)
+        return length_limit(source_length, self.max_positions, self.max_new_tokens_over_source, max_new_tokens)
 
 
-def length_limit(source_length: int, positions: int, margin: int | None, max_new_tokens: int | None = None) -> int:
+def length_limit(
+    source_length: int, positions: int, max_new_tokens_over_source: int | None, max_new_tokens: int | None = None
+) -> int:
     """The most tokens a sentence of `source_length` tokens may be translated into, `</s>` included: Section 6.1's
-    source length + `margin` (None: no such limit), within the model's `positions` and `max_new_tokens`."""
+    source length + `max_new_tokens_over_source` (None: no such limit), within the model's `positions` and
+    `max_new_tokens`."""
     limit = positions - 1  # the decoder's start token takes a position
-    if margin is not None:
-        limit = min(limit, min(source_length, positions) + margin)
+    if max_new_tokens_over_source is not None:
+        limit = min(limit, min(source_length, positions) + max_new_tokens_over_source)
     return min(limit, max_new_tokens or limit)
 
 
