@@ -1,6 +1,6 @@
 """Word alignments from the encoder-decoder attention (tools/alignment.py) against eflomal's, on Multi30k en-de.
 
-    OMP_NUM_THREADS=1 python -m bench.bench_alignments [--model runs/multi30k-small-seed1]
+    OMP_NUM_THREADS=1 python -m bench alignments [--model runs/multi30k-small-seed1]
 
 eflomal (Östling and Tiedemann, 2017; `pip install eflomal`) aligns Multi30k train, validation and test (English
 to German, words = whitespace tokens, as `align` counts them) in both directions, and the two are symmetrized with
@@ -124,7 +124,7 @@ def main():
 
     results = {
         "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} "
-        + shlex.join(["python", "-m", "bench.bench_alignments", *sys.argv[1:]]),
+        + shlex.join(["python", "-m", "bench", "alignments", *sys.argv[1:]]),
         "machine": machine(),
         "eflomal": version("eflomal"),
         "eflomal_seconds": round(eflomal_seconds),

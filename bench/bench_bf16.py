@@ -1,7 +1,7 @@
 """bfloat16 against float32 on this CPU, side by side: matrix products, a training step, generate() and CTranslate2.
 
-    python -m bench.bench_bf16 --model runs/multi30k-small --repetitions 3
-    python -m bench.bench_bf16 --parts cpu training profile loop --results bf16_training   # training in bf16
+    python -m bench bf16 --model runs/multi30k-small --repetitions 3
+    python -m bench bf16 --parts cpu training profile loop --results bf16_training   # training in bf16
 
 - "cpu": whether the CPU has bfloat16 units (AVX512-BF16, AMX: `hf_vanilla_transformer.hardware`) and 2048x2048
   matrix products per second in each dtype, on torch's threads.
@@ -38,32 +38,25 @@ import sacrebleu
 import torch
 from accelerate.utils import compile_regions
 
-from bench.bench_ctranslate2 import in_own_process, multi30k_test_pairs
 from bench.common import (
+    PROFILE_CATEGORIES,
     REPO_ROOT,
+    add_repetitions,
     hf_loss,
+    in_own_process,
     interleaved_medians,
     machine,
+    matmul_rate,
     multi30k_batches,
+    multi30k_pairs,
     paper_adam,
     step_function,
     write_results,
 )
-from bench.profile_models import CATEGORIES
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.hardware import cpu_has_bf16_units
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import VanillaTransformerDropout
 from hf_vanilla_transformer.tools.export_ctranslate2 import export
-
-
-def matmul_rate(dtype: torch.dtype, size: int = 2048, repetitions: int = 20) -> float:
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    start = time.perf_counter()
-    for _ in range(repetitions):
-        a @ b
-    return 2 * size**3 * repetitions / (time.perf_counter() - start)
 
 
 def autocast_loss(model, batch):
@@ -180,7 +173,7 @@ def training_figures(
 
 
 PROFILED = ("float32", "bf16 autocast, eager attention")
-KINDS = {**CATEGORIES, "copies (autocast's casts among them)": lambda name: name == "aten::copy_"}
+KINDS = {**PROFILE_CATEGORIES, "copies (autocast's casts among them)": lambda name: name == "aten::copy_"}
 
 
 def profile_figures(max_tokens: int) -> dict:
@@ -237,7 +230,7 @@ def loop_figures(steps: int, repetitions: int, baseline: str | None = None) -> d
 
 
 def translation_figures(model: str, repetitions: int) -> dict:
-    pairs = multi30k_test_pairs()
+    pairs = multi30k_pairs()
     references = [target for _, target in pairs]
     with tempfile.TemporaryDirectory() as folder:
         exported = export(model, f"{folder}/ctranslate2", "float32")
@@ -256,7 +249,9 @@ def translation_figures(model: str, repetitions: int) -> dict:
         runs = {name: [] for name in systems}
         for _ in range(repetitions):
             for name, (system, path, compute_type) in systems.items():
-                runs[name].append(in_own_process("translate", system, path, 64, len(pairs), compute_type))
+                runs[name].append(
+                    in_own_process("bench.bench_ctranslate2", "translate", system, path, 64, len(pairs), compute_type)
+                )
     figures = {}
     for name, measured in runs.items():
         seconds = statistics.median(run["seconds"] for run in measured)
@@ -278,7 +273,7 @@ def translation_figures(model: str, repetitions: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="runs/multi30k-small", help="A trained model folder (the main job's).")
-    parser.add_argument("--repetitions", type=int, default=3)
+    add_repetitions(parser, 3)
     parser.add_argument("--presets", nargs="+", default=["small", "base"])
     parts = ["cpu", "training", "profile", "loop", "translation"]
     parser.add_argument("--parts", nargs="+", default=["cpu", "training", "translation"], choices=parts)

@@ -2,8 +2,8 @@
 (bench/stock_data_path.py) on a synthetic corpus made from Multi30k (bench/make_big_corpus.py), each run to its
 first training steps (--max_steps 2): wall time, peak memory, the time each phase began, and the disk the caches take.
 
-    python -m bench.make_big_corpus --pairs 2000000 --output big.jsonl
-    python -m bench.bench_big_data --corpus big.jsonl --work /tmp/big    # ours cold, stock cold, ours warm, stock warm
+    python -m bench make_big_corpus --pairs 2000000 --output big.jsonl
+    python -m bench big_data --corpus big.jsonl --work /tmp/big    # ours cold, stock cold, ours warm, stock warm
 
 Ours first trains the 8,000-token BPE on the corpus and caches it; the stock example cannot train one, so it is given
 that BPE (its runs then skip the vocabulary step ours takes). "Cold": an empty cache; "warm": the same command

@@ -1,6 +1,6 @@
 """Terminology constraints on Multi30k test2016 (en-de): constraints met, BLEU and speed against plain beam search.
 
-    OMP_NUM_THREADS=1 python -m bench.bench_constraints --model runs/multi30k-small-seed1 --repetitions 3
+    OMP_NUM_THREADS=1 python -m bench constraints --model runs/multi30k-small-seed1 --repetitions 3
 
 The model's beam search (its generation config) translates every sentence; then each sentence gets one or two
 words of its reference (four letters or more, punctuation stripped, chosen at random with a fixed seed) that the
@@ -19,7 +19,7 @@ import string
 
 import torch
 
-from bench.common import MULTI30K, interleaved_medians, machine, write_results
+from bench.common import MULTI30K, add_repetitions, interleaved_medians, machine, write_results
 from hf_vanilla_transformer.loading import load_model_and_tokenizer
 from hf_vanilla_transformer.tools.constraints import constrained_beam_search, constraint_token_ids
 from hf_vanilla_transformer.training.data import read_translation_file
@@ -76,7 +76,7 @@ def main():
     parser.add_argument("--data", default=os.path.join(MULTI30K, "test.jsonl"), help="en-de JSON lines")
     parser.add_argument("--sentences", type=int, default=None, help="the first this many (default: all)")
     parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--repetitions", type=int, default=3)
+    add_repetitions(parser, 3)
     parser.add_argument("--seed", type=int, default=0, help="of the choice of constraint words")
     args = parser.parse_args()
     if not os.path.isfile(args.data):

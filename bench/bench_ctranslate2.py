@@ -1,7 +1,7 @@
 """CPU translation side by side: our generate(), our model on CTranslate2 (float32, int8), and MarianMTModel of the
 same size on CTranslate2 (converted by CTranslate2's own transformers converter).
 
-    python -m bench.bench_ctranslate2 --model runs/multi30k-small --repetitions 3
+    python -m bench ctranslate2 --model runs/multi30k-small --repetitions 3
 
 Two modes, each at batch 64 and batch 1:
 - "translate": the trained model translates the 1,000 Multi30k test sources as vanilla-translate does (sorted by
@@ -29,21 +29,19 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 import sacrebleu
 import torch
 
-from bench.common import MULTI30K, machine, marian_like, write_results
+from bench.common import add_repetitions, in_own_process, machine, marian_like, multi30k_pairs, write_results
 from hf_vanilla_transformer.loading import load_tokenizer
 from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
 from hf_vanilla_transformer.tools.export_ctranslate2 import CARRIED_FILES, export
 from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
-from hf_vanilla_transformer.training.data import read_translation_file
 
+WORKER_MODULE = "bench.bench_ctranslate2"
 QUANTIZATIONS = ("float32", "int8")
 
 
@@ -141,7 +139,7 @@ def translate_worker(system: str, folder: str, batch_size: int, count: int, comp
     torch's pool) must not slow another down. Loads (generate(): in the torch dtype `compute_type` names, CTranslate2:
     with that compute type; default: as saved), warms up on one batch, then times the translation of the first
     `count` sources; reports seconds, the translations and this process's peak RSS."""
-    sources = [source for source, _ in multi30k_test_pairs()][:count]
+    sources = [source for source, _ in multi30k_pairs()][:count]
     if system == "generate":
         translator = ModelTranslator(folder, "cpu", dtype=compute_type)
     else:
@@ -164,7 +162,7 @@ def fixed_length_worker(folders: dict[str, str], batch_size: int, new_tokens: in
     CPU seconds in all, and its seconds per chunk."""
     translators = {name: CTranslate2Translator(folder, "cpu") for name, folder in folders.items()}
     tokenizer = next(iter(translators.values())).tokenizer
-    ordered = sorted((source for source, _ in multi30k_test_pairs()), key=len, reverse=True)
+    ordered = sorted((source for source, _ in multi30k_pairs()), key=len, reverse=True)
     tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(ordered)["input_ids"]]
     size = batch_size * next(iter(translators.values())).batches_per_call
     chunks = [tokens[start : start + size] for start in range(0, len(tokens), size)]
@@ -196,25 +194,13 @@ def fixed_length_worker(folders: dict[str, str], batch_size: int, new_tokens: in
 WORKERS = {"translate": translate_worker, "fixed_length": fixed_length_worker}
 
 
-def in_own_process(worker: str, *arguments) -> dict:
-    command = [sys.executable, "-m", "bench.bench_ctranslate2", "--worker", json.dumps([worker, *arguments])]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-3000:])
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def multi30k_test_pairs() -> list[tuple[str, str]]:
-    return list(read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de"))
-
-
 def translate_figures(args, exports: dict[str, tuple[str, str]], batch_size: int, references: list[str]) -> dict:
     """Each system in a process of its own, in turn within each repetition; medians."""
     count = len(references) if batch_size > 1 else args.batch1_sentences
     runs = {name: [] for name in exports}
     for _ in range(args.repetitions):
         for name, (system, folder) in exports.items():
-            runs[name].append(in_own_process("translate", system, folder, batch_size, count))
+            runs[name].append(in_own_process(WORKER_MODULE, "translate", system, folder, batch_size, count))
     medians = {name: statistics.median(run["seconds"] for run in runs[name]) for name in runs}
     tokenizer = load_tokenizer(args.model)
     figures = {}
@@ -240,7 +226,7 @@ def translate_figures(args, exports: dict[str, tuple[str, str]], batch_size: int
 def fixed_length_figures(args, exports: dict[str, str], batch_size: int) -> dict:
     """Per system, the mean over its copies (a name and the same name + ", again": the same export loaded twice);
     ours against Marian in the same mode; and, for systems loaded twice, the second copy against the first."""
-    measured = in_own_process("fixed_length", exports, batch_size, args.new_tokens, args.repetitions)
+    measured = in_own_process(WORKER_MODULE, "fixed_length", exports, batch_size, args.new_tokens, args.repetitions)
     copies = {}
     for name in exports:
         copies.setdefault(name.removesuffix(", again"), []).append(name)
@@ -277,10 +263,10 @@ def main() -> None:
     parser.add_argument(
         "--marian",
         default="runs/stock-marian-multi30k",
-        help="A trained MarianMTModel folder (python -m bench.stock_marian_translation --data multi30k "
+        help="A trained MarianMTModel folder (python -m bench stock_marian_translation --data multi30k "
         "--source_lang en --target_lang de --minutes 24); skipped when missing.",
     )
-    parser.add_argument("--repetitions", type=int, default=3)
+    add_repetitions(parser, 3)
     parser.add_argument(
         "--batch1_sentences",
         type=int,
@@ -297,7 +283,7 @@ def main() -> None:
         print(json.dumps(WORKERS[worker](*arguments)))
         return
 
-    references = [target for _, target in multi30k_test_pairs()]
+    references = [target for _, target in multi30k_pairs()]
     results = {
         "machine": machine(),
         "model": args.model,

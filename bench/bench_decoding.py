@@ -1,6 +1,6 @@
 """Decoding speed: ours against MarianMTModel of the same size, greedy and beam 4, batch 1 and batch 64.
 
-    python -m bench.bench_decoding --repetitions 3
+    python -m bench decoding --repetitions 3
 
 Sources are real Multi30k test sentences: all 1,000 (batch 1 can take fewer, --batch1_sentences, for a quicker run).
 Both models are untrained and of the same shape, so each is made to produce exactly --new_tokens tokens per
@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from bench.common import (
+    add_repetitions,
     decode_all,
     interleaved_medians,
     machine,
@@ -30,7 +31,7 @@ def main():
     parser.add_argument("--preset", default="small")
     parser.add_argument("--new_tokens", type=int, default=20)
     parser.add_argument("--batch1_sentences", type=int, default=1000)
-    parser.add_argument("--repetitions", type=int, default=3)
+    add_repetitions(parser, 3)
     args = parser.parse_args()
 
     tokenizer = multi30k_tokenizer()

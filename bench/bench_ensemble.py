@@ -1,6 +1,6 @@
 """Ensembling trained models: BLEU and time of each model alone and of their ensemble, on Multi30k.
 
-    OMP_NUM_THREADS=1 python -m bench.bench_ensemble --models runs/multi30k-small-seed1 runs/multi30k-small-seed2
+    OMP_NUM_THREADS=1 python -m bench ensemble --models runs/multi30k-small-seed1 runs/multi30k-small-seed2
 
 Each model alone (its own generate()) and the ensemble of all (tools/ensemble.py: the mean of their log-probabilities
 at each step) translate the English sources of --validation and --test (rows with "en" and "de") as
@@ -22,7 +22,7 @@ import sacrebleu
 import torch
 
 from bench.common import MULTI30K, REPO_ROOT, machine, write_results
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import source_length_margin
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
 from hf_vanilla_transformer.tools.ensemble import TranslationEnsemble, load_ensemble
 from hf_vanilla_transformer.training.data import read_translation_file
 
@@ -94,7 +94,7 @@ def main() -> None:
         "ensemble",
         {
             "machine": machine(),
-            "command": " ".join(["python -m bench.bench_ensemble", *sys.argv[1:]]),
+            "command": " ".join(["python -m bench ensemble", *sys.argv[1:]]),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "models": args.models,
             "splits": {
@@ -104,7 +104,7 @@ def main() -> None:
             "decoding": {
                 "num_beams": generation.num_beams,
                 "length_penalty": generation.length_penalty,
-                "max_new_tokens_over_source": source_length_margin(generation),
+                "max_new_tokens_over_source": max_new_tokens_over_source_of(generation),
                 "batch_size": args.batch_size,
                 "dtype": "float32",
             },

@@ -1,6 +1,6 @@
 """The Marian export translates the test set as our model does: the same BLEU, sentence for sentence.
 
-    python -m bench.bench_marian_export --model runs/multi30k-small
+    python -m bench marian_export --model runs/multi30k-small
 
 Exports the folder with `vanilla-export-marian`, translates the Multi30k test set with each folder through
 `vanilla-translate`'s code (float32, each model's own decoding from its generation config), and scores both with

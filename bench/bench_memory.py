@@ -1,6 +1,6 @@
 """Peak resident memory of a training step at the small and base presets, with and without gradient checkpointing.
 
-    python -m bench.bench_memory --presets small base --max_tokens 2048
+    python -m bench memory --presets small base --max_tokens 2048
 
 Each run is a fresh process (so peaks do not mix): build the model with an 8,000-token vocabulary, take three
 training steps (forward, backward, Adam) on Multi30k batches of about --max_tokens tokens, and report the process's

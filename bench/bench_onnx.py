@@ -1,7 +1,7 @@
 """Greedy CPU translation of one trained model by every runtime we export to, side by side: our generate(), ONNX
 Runtime (float32, int8), CTranslate2 (int8) and transformers.js in Node (float32, int8).
 
-    python -m bench.bench_onnx --model runs/multi30k-small --repetitions 3
+    python -m bench onnx --model runs/multi30k-small --repetitions 3
 
 The 1,000 Multi30k test sources, greedy, each sentence within its source length + 50 tokens. Python systems
 translate as vanilla-translate does (sorted by length, batches of 64); transformers.js a sentence at a time
@@ -24,24 +24,19 @@ import time
 
 import sacrebleu
 
-from bench.common import MULTI30K, REPO_ROOT, machine, write_results
+from bench.common import REPO_ROOT, add_repetitions, in_own_process, machine, multi30k_pairs, write_results
 from hf_vanilla_transformer.tools import export_ctranslate2, export_onnx
 from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
 from hf_vanilla_transformer.tools.onnx_runtime import OnnxTranslator
 from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
-from hf_vanilla_transformer.training.data import read_translation_file
 
 BATCH_SIZE = 64
 NODE_SCRIPT = os.path.join(REPO_ROOT, "demo", "web", "translate.mjs")
 
 
-def test_pairs() -> list[tuple[str, str]]:
-    return list(read_translation_file(os.path.join(MULTI30K, "test.jsonl"), "en", "de"))
-
-
 def python_worker(system: str, folder: str) -> dict:
     """One measurement in a process of its own: loads, warms up on one batch, times the 1,000 sources."""
-    sources = [source for source, _ in test_pairs()]
+    sources = [source for source, _ in multi30k_pairs()]
     if system == "generate":
         translator = ModelTranslator(folder, "cpu", dtype=None)
     elif system == "ctranslate2":
@@ -70,18 +65,10 @@ def node_run(folder: str, dtype: str, sources: list[str]) -> tuple[float, list[s
 
 
 def node_measurement(folder: str, dtype: str) -> dict:
-    sources = [source for source, _ in test_pairs()]
+    sources = [source for source, _ in multi30k_pairs()]
     fixed, _ = node_run(folder, dtype, sources[:1])
     seconds, translations = node_run(folder, dtype, sources)
     return {"seconds": seconds - fixed, "translations": translations, "start_and_load_seconds": fixed}
-
-
-def in_own_process(system: str, folder: str) -> dict:
-    command = [sys.executable, "-m", "bench.bench_onnx", "--worker", json.dumps([system, folder])]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-3000:])
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def folder_mib(path: str, names: list[str] | None = None) -> float:
@@ -96,10 +83,10 @@ def measure(args, work: str) -> tuple[dict, dict]:
     onnx_folder = export_onnx.export(args.model, os.path.join(work, "onnx"))
     ct2_folder = export_ctranslate2.export(args.model, os.path.join(work, "ct2-int8"), "int8")
     systems = {
-        "ours generate()": lambda: in_own_process("generate", args.model),
-        "ONNX Runtime float32": lambda: in_own_process("onnxruntime-float32", onnx_folder),
-        "ONNX Runtime int8": lambda: in_own_process("onnxruntime-int8", onnx_folder),
-        "CTranslate2 int8": lambda: in_own_process("ctranslate2", ct2_folder),
+        "ours generate()": lambda: in_own_process("bench.bench_onnx", "generate", args.model),
+        "ONNX Runtime float32": lambda: in_own_process("bench.bench_onnx", "onnxruntime-float32", onnx_folder),
+        "ONNX Runtime int8": lambda: in_own_process("bench.bench_onnx", "onnxruntime-int8", onnx_folder),
+        "CTranslate2 int8": lambda: in_own_process("bench.bench_onnx", "ctranslate2", ct2_folder),
         "transformers.js float32 (Node)": lambda: node_measurement(onnx_folder, "fp32"),
         "transformers.js int8 (Node)": lambda: node_measurement(onnx_folder, "q8"),
     }
@@ -121,7 +108,7 @@ def measure(args, work: str) -> tuple[dict, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="A trained model folder (run_translation.py).")
-    parser.add_argument("--repetitions", type=int, default=3)
+    add_repetitions(parser, 3)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -129,7 +116,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="bench-onnx-") as work:  # the exports go once measured
         runs, sizes = measure(args, work)
-    references = [target for _, target in test_pairs()]
+    references = [target for _, target in multi30k_pairs()]
     generated = runs["ours generate()"][0]["translations"]
     medians = {name: statistics.median(run["seconds"] for run in measured) for name, measured in runs.items()}
     figures = {}

@@ -1,6 +1,6 @@
 """Levers of a recipe: its variants trained for the same minutes, seed by seed, side by side, and their validation BLEU.
 
-    python -m bench.bench_recipe --recipe recipes/multi30k_small.yaml --minutes 24 --seeds 1 2 \
+    python -m bench recipe --recipe recipes/multi30k_small.yaml --minutes 24 --seeds 1 2 \
         --variant "paper=" --variant "dropout 0.3=--config_overrides dropout=0.3"
 
 Each (variant, seed) is `python run_translation.py RECIPE --max_train_minutes MINUTES --seed SEED --output_dir

@@ -1,6 +1,6 @@
 """vanilla-translate's --threads on an idle CPU and on one where another job runs: which default is fastest.
 
-    python -m bench.bench_threads --model runs/multi30k-small
+    python -m bench threads --model runs/multi30k-small
 
 Runs `vanilla-translate` (PyTorch path, float32, the model's beam search) on the first 500 Multi30k test sentences
 with each candidate, interleaved, median of --repetitions (start-up included, about 8 s), with nothing else running
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench.common import interleaved_medians, machine, multi30k_sources, write_results
+from bench.common import add_repetitions, interleaved_medians, machine, multi30k_sources, write_results
 
 CANDIDATES = {
     "threads 1": (["--threads", "1"], {}),
@@ -49,7 +49,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="runs/multi30k-small")
     parser.add_argument("--sentences", type=int, default=500)
-    parser.add_argument("--repetitions", type=int, default=2)
+    add_repetitions(parser, 2)
     parser.add_argument("--busy", type=int, nargs="+", default=[0, 1, 2], help="Cores the competing job takes.")
     args = parser.parse_args()
 

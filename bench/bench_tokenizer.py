@@ -1,6 +1,6 @@
 """Shared BPE vocabulary: training time on Multi30k train and batch-encoding speed.
 
-    python -m bench.bench_tokenizer [--repetitions 7]
+    python -m bench tokenizer [--repetitions 7]
 
 Trains the 8,000-token vocabulary on the 58,000 sentences of Multi30k train (both sides), then encodes all of
 them in one batch, interleaving two ways of calling the same tokenizer: the `tokenizers` library's own
@@ -12,14 +12,14 @@ import argparse
 import os
 import time
 
-from bench.common import MULTI30K, interleaved_medians, machine, write_results
+from bench.common import MULTI30K, add_repetitions, interleaved_medians, machine, write_results
 from hf_vanilla_transformer.training.data import file_sentences
 from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repetitions", type=int, default=7)
+    add_repetitions(parser, 7)
     args = parser.parse_args()
 
     train_file = os.path.join(MULTI30K, "train.jsonl")

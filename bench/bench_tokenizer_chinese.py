@@ -1,6 +1,6 @@
 """What the shared byte-level BPE does with Chinese: tokens per sentence and per character, and byte pieces.
 
-    python -m bench.bench_tokenizer_chinese [--vocab_sizes 8000 16000 ...] [--split_han 0 1]
+    python -m bench tokenizer_chinese [--vocab_sizes 8000 16000 ...] [--split_han 0 1]
 
 Trains the shared vocabulary on both sides of Tatoeba English–Chinese train at each size (and each normalization)
 and encodes the test set, without and with `split_han` (each Han character a word of its own). A Chinese character

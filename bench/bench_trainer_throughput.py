@@ -1,6 +1,6 @@
 """The whole training loop: Seq2SeqTrainer throughput with token-budget batches against the stock padded batches.
 
-    python -m bench.bench_trainer_throughput --steps 30 --repetitions 3
+    python -m bench trainer_throughput --steps 30 --repetitions 3
 
 Both runs train the small preset on Multi30k train through the Trainer, end to end (sampling, collation with
 `DataCollatorForSeq2Seq`, padding, forward, label-smoothed loss, backward, AdamW, schedule), for --steps steps each:
@@ -18,7 +18,7 @@ import torch
 from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq
 
-from bench.common import machine, multi30k_encoded, multi30k_tokenizer, write_results
+from bench.common import add_repetitions, machine, multi30k_encoded, multi30k_tokenizer, write_results
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
 from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
@@ -81,7 +81,7 @@ def main():
     parser.add_argument("--preset", default="small")
     parser.add_argument("--max_tokens", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--repetitions", type=int, default=3)
+    add_repetitions(parser, 3)
     args = parser.parse_args()
 
     tokenizer = multi30k_tokenizer()

@@ -1,6 +1,6 @@
 """Training-step speed against the peers a user would pick instead, and against this CPU's matmul limit.
 
-    python -m bench.bench_training_step --preset small --repetitions 5
+    python -m bench training_step --preset small --repetitions 5
 
 One training step (forward, backward, Adam step) of three models of the same size and shape, on the same batches
 cut from Multi30k train by our token-budget sampler: ours, transformers' MarianMTModel configured to match
@@ -9,13 +9,13 @@ with the same embeddings and output layer. Repetitions are interleaved (ours, Ma
 median kept. Also measured in the same run: dense fp32 matmul FLOP/s (torch.matmul, 2048x2048), and our step's
 model FLOPs utilisation = analytic FLOPs of the batch / step time / matmul FLOP/s.
 
-    python -m bench.bench_training_step --preset small --repetitions 7 --label_smoother_cache
+    python -m bench training_step --preset small --repetitions 7 --label_smoother_cache
 
 measures instead our step as the Trainer runs it with label smoothing (its `LabelSmoother` takes the labels, so
 the model is called without them) with the decoder's key/value cache built, as every training step did before
 the cache was left out of training steps, against the same step without it.
 
-    python -m bench.bench_training_step --preset small --repetitions 5 --torch_compile
+    python -m bench training_step --preset small --repetitions 5 --torch_compile
 
 measures ours and MarianMTModel each eager and under torch.compile (inductor, default mode: what the Trainer's
 --torch_compile does), with the MFU of each; writes bench/results/training_step_compiled_<preset>.json.
@@ -29,12 +29,15 @@ import torch
 from torch import nn
 
 from bench.common import (
+    add_repetitions,
     hf_loss,
     interleaved_medians,
     machine,
     marian_like,
+    matmul_rate,
     multi30k_batches,
     step_function,
+    training_flops,
     write_results,
 )
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
@@ -117,37 +120,12 @@ def torch_loss(model, batch):
     return model(batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"], batch["labels"])
 
 
-def matmul_flops_per_second(size: int = 2048, repetitions: int = 10) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    for _ in range(2):
-        a @ b
-    seconds = interleaved_medians({"matmul": lambda: a @ b}, repetitions)["matmul"]
-    return 2 * size**3 / seconds
-
-
-def training_flops(config: VanillaTransformerConfig, batch) -> float:
-    """Analytic FLOPs of one training step on `batch` (3x the forward's matmul FLOPs), over real tokens."""
-    d, vocab = config.d_model, config.vocab_size
-    source_tokens = int(batch["attention_mask"].sum())
-    target_tokens = int((batch["labels"] != -100).sum())
-    source_length, target_length = batch["input_ids"].shape[1], batch["labels"].shape[1]
-    encoder = (
-        config.encoder_layers * source_tokens * (4 * d * d + 2 * d * config.encoder_ffn_dim + 2 * source_length * d)
-    )
-    decoder = config.decoder_layers * (
-        target_tokens * (6 * d * d + 2 * d * config.decoder_ffn_dim + 2 * target_length * d + 2 * source_length * d)
-        + source_tokens * 2 * d * d  # cross-attention keys and values
-    )
-    output = target_tokens * d * vocab
-    return 3 * 2 * (encoder + decoder + output)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--batches", type=int, default=8, help="Batches per timed repetition.")
     parser.add_argument("--max_tokens", type=int, default=2048)
-    parser.add_argument("--repetitions", type=int, default=5)
+    add_repetitions(parser, 5)
     parser.add_argument(
         "--label_smoother_cache", action="store_true", help="Compare our step with and without the decoder cache."
     )
@@ -195,9 +173,9 @@ def main():
         }
     for run in candidates.values():  # warm-up (and compilation: the batches' shapes make dynamo go dynamic)
         run()
-    matmul = matmul_flops_per_second()
+    matmul = matmul_rate()
     medians = interleaved_medians(candidates, args.repetitions)
-    matmul_after = matmul_flops_per_second()
+    matmul_after = matmul_rate()
 
     rates = {name: target_tokens / seconds for name, seconds in medians.items()}
     flops = sum(training_flops(config, b) for b in batches)

@@ -1,7 +1,7 @@
 """Under load: vanilla-translate on many generated lines (lines/s, peak memory), and the demo answering 100
 concurrent requests over loopback (all answered, each equal to its sequential answer, wall time).
 
-    python -m bench.bench_under_load --model runs/multi30k-small
+    python -m bench under_load --model runs/multi30k-small
 
 Lines are Multi30k's first 2,000 English training sources, repeated, so that every count holds the same sentences
 (the same longest batch) and the growth of peak memory between counts is what the extra lines cost. Decoding is

@@ -37,8 +37,12 @@ def multi30k_encoded(tokenizer, split: str = "train"):
     return tokenizer([source for source, _ in pairs], text_target=[target for _, target in pairs])
 
 
+def multi30k_pairs(split: str = "test") -> list[tuple[str, str]]:
+    return list(read_translation_file(os.path.join(MULTI30K, f"{split}.jsonl"), "en", "de"))
+
+
 def multi30k_sources(split: str = "test") -> list[str]:
-    return [source for source, _ in read_translation_file(os.path.join(MULTI30K, f"{split}.jsonl"), "en", "de")]
+    return [source for source, _ in multi30k_pairs(split)]
 
 
 def machine() -> dict:
@@ -47,6 +51,7 @@ def machine() -> dict:
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
     }
@@ -61,6 +66,44 @@ def interleaved_medians(candidates: dict[str, Callable[[], object]], repetitions
             run()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def add_repetitions(parser, default: int) -> None:
+    parser.add_argument(
+        "--repetitions", type=int, default=default, help="Interleaved repetitions of each candidate; medians reported."
+    )
+
+
+def synchronized(run: Callable[[], object], device: torch.device | str = "cpu") -> Callable[[], None]:
+    """`run`, then wait for the device, so wall-clock timing covers the queued kernels."""
+
+    def timed():
+        run()
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return timed
+
+
+def matmul_rate(dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", size: int = 2048) -> float:
+    """FLOP/s of a `size`-square matrix product in `dtype` on `device` (median of 10, after 3 warm-ups): the peer
+    rate a model's FLOP/s is measured against."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    product = synchronized(lambda: a @ b, device)
+    for _ in range(3):
+        product()
+    return 2 * size**3 / interleaved_medians({"matmul": product}, 10)["matmul"]
+
+
+def in_own_process(module: str, *arguments) -> dict:
+    """`python -m module --worker JSON(arguments)` in a fresh process (what it loads and allocates is its own), and
+    the JSON object it prints last."""
+    command = [sys.executable, "-m", module, "--worker", json.dumps(list(arguments))]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def write_results(name: str, results: dict) -> str:
@@ -90,35 +133,16 @@ def multi30k_batches(count: int, max_tokens: int, seed: int = 0):
     return batches, tokenizer
 
 
-def marian_like(config: VanillaTransformerConfig, **marian_config):
-    """MarianMTModel with our shape: post-LN, sinusoidal, scaled and tied embeddings, ReLU, same dropouts.
-    `marian_config` overrides MarianConfig arguments (e.g. `forced_eos_token_id`)."""
+def marian_like(config: VanillaTransformerConfig, **overrides):
+    """MarianMTModel of our shape: the Marian export's config (`marian_config`) with Marian's own initialisation,
+    then `overrides` (MarianConfig arguments, e.g. `forced_eos_token_id`)."""
     from transformers import MarianConfig, MarianMTModel
 
-    model = MarianMTModel(
-        MarianConfig(
-            vocab_size=config.vocab_size,
-            d_model=config.d_model,
-            encoder_layers=config.encoder_layers,
-            decoder_layers=config.decoder_layers,
-            encoder_attention_heads=config.encoder_attention_heads,
-            decoder_attention_heads=config.decoder_attention_heads,
-            encoder_ffn_dim=config.encoder_ffn_dim,
-            decoder_ffn_dim=config.decoder_ffn_dim,
-            activation_function="relu",
-            dropout=config.dropout,
-            attention_dropout=0.0,
-            activation_dropout=0.0,
-            scale_embedding=True,
-            share_encoder_decoder_embeddings=True,
-            tie_word_embeddings=True,
-            max_position_embeddings=config.max_position_embeddings,
-            pad_token_id=config.pad_token_id,
-            eos_token_id=config.eos_token_id,
-            decoder_start_token_id=config.decoder_start_token_id,
-            **{"forced_eos_token_id": None, **marian_config},
-        )
-    )
+    from hf_vanilla_transformer.tools.export_marian import marian_config
+
+    marian = marian_config(config)
+    marian.update({"init_std": MarianConfig().init_std, **overrides})
+    model = MarianMTModel(marian)
     model.set_attn_implementation("sdpa")
     return model
 
@@ -179,3 +203,30 @@ def run_with_peak_rss(command: list[str], **run_kwargs) -> tuple[subprocess.Comp
     stderr, _, peak = result.stderr.rstrip("\n").rpartition("\npeak_rss_kb=")
     result.stderr = stderr
     return result, int(peak) * 1024
+
+
+def training_flops(config: VanillaTransformerConfig, batch) -> float:
+    """Analytic FLOPs of one training step on `batch` (3x the forward's matmul FLOPs), over real tokens."""
+    d, vocab = config.d_model, config.vocab_size
+    source_tokens = int(batch["attention_mask"].sum())
+    target_tokens = int((batch["labels"] != -100).sum())
+    source_length, target_length = batch["input_ids"].shape[1], batch["labels"].shape[1]
+    encoder = (
+        config.encoder_layers * source_tokens * (4 * d * d + 2 * d * config.encoder_ffn_dim + 2 * source_length * d)
+    )
+    decoder = config.decoder_layers * (
+        target_tokens * (6 * d * d + 2 * d * config.decoder_ffn_dim + 2 * target_length * d + 2 * source_length * d)
+        + source_tokens * 2 * d * d  # cross-attention keys and values
+    )
+    output = target_tokens * d * vocab
+    return 3 * 2 * (encoder + decoder + output)
+
+
+# the operator families a profile of a step or a decoding is summed into
+PROFILE_CATEGORIES = {
+    "matrix products": lambda name: name in ("aten::mm", "aten::addmm", "aten::bmm"),
+    "dropout masks": lambda name: name in ("aten::bernoulli_", "aten::random_"),  # nn.Dropout's draws, and ours
+    "softmax and loss": lambda name: "log_softmax" in name or "nll_loss" in name,
+    "attention kernel": lambda name: "scaled_dot_product" in name,
+    "index_select (cache reordering)": lambda name: name == "aten::index_select",
+}

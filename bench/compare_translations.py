@@ -1,6 +1,6 @@
 """Score translation files against a test set, as written and with the punctuation question taken out.
 
-    python -m bench.compare_translations --data tatoeba-en-zh --target_lang zh \\
+    python -m bench compare_translations --data tatoeba-en-zh --target_lang zh \\
         runs/tatoeba-en-zh-small/generated_predictions.txt runs/stock-marian-tatoeba-en-zh/generated_predictions.txt
 
 For each file, one line a test sentence: sacreBLEU (tokenized for the target language) and chrF as written; with

@@ -1,6 +1,6 @@
 """The GPU path in one short run: bf16 training steps and decoding, ours against MarianMTModel, and bf16 vs fp32.
 
-    python -m bench.gpu_check
+    python -m bench gpu_check
 
 On a CUDA device, for the "small" preset and the paper's "base" model, built for Multi30k's 8,000-token shared BPE:
 1. training steps (forward, backward, fused Adam) under bf16 autocast with fp32 weights, sdpa attention, on the
@@ -20,44 +20,27 @@ import argparse
 
 import torch
 
-from bench.bench_training_step import training_flops
 from bench.common import (
+    add_repetitions,
     decode_all,
     interleaved_medians,
     machine,
     marian_like,
+    matmul_rate,
     multi30k_batches,
     multi30k_sources,
     source_batches,
     step_function,
+    synchronized,
+    training_flops,
     write_results,
 )
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
 
-def synchronized(run, device: torch.device):
-    """`run`, then wait for the device, so wall-clock timing covers the queued kernels."""
-
-    def timed():
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    return timed
-
-
 def bf16_loss(model, batch):
     with torch.autocast(model.device.type, dtype=torch.bfloat16):
         return model(**batch).loss
-
-
-def bf16_matmul_flops_per_second(device: torch.device, size: int, repetitions: int = 10) -> float:
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    product = synchronized(lambda: a @ b, device)
-    for _ in range(3):
-        product()
-    return 2 * size**3 / interleaved_medians({"matmul": product}, repetitions)["matmul"]
 
 
 def our_model(config: VanillaTransformerConfig, device: torch.device):
@@ -145,7 +128,7 @@ def main():
     parser.add_argument("--max_tokens", type=int, default=4096, help="Token budget of each training batch.")
     parser.add_argument("--new_tokens", type=int, default=20)
     parser.add_argument("--sentences", type=int, default=1000, help="Multi30k test sentences to decode.")
-    parser.add_argument("--repetitions", type=int, default=5)
+    add_repetitions(parser, 5)
     parser.add_argument("--compile", action="store_true", help="Also time our training step under torch.compile.")
     args = parser.parse_args()
 
@@ -154,7 +137,7 @@ def main():
     batches = [{name: value.to(device) for name, value in batch.items()} for batch in batches]
     sources = source_batches(tokenizer, multi30k_sources()[: args.sentences], 64)
     sources = [{name: value.to(device) for name, value in batch.items()} for batch in sources]
-    matmul = bf16_matmul_flops_per_second(device, 8192 if device.type == "cuda" else 1024)
+    matmul = matmul_rate(torch.bfloat16, device, 8192 if device.type == "cuda" else 1024)
     results = {
         "machine": machine(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

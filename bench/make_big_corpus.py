@@ -2,7 +2,7 @@
 Multi30k training pairs (chosen at random, with a seed) joined by spaces, English and German alike, written as
 translation JSON lines. 2,000,000 pairs make about 544 MB.
 
-    python -m bench.make_big_corpus --pairs 2000000 --output big.jsonl
+    python -m bench make_big_corpus --pairs 2000000 --output big.jsonl
 """
 
 import argparse

@@ -1,10 +1,10 @@
 """The main job's validation BLEU against training time, beside the stock Marian recipe or another recipe of ours.
 
     python run_translation.py recipes/multi30k_small.yaml --eval_strategy steps --eval_steps 400
-    python -m bench.stock_marian_translation --data multi30k --source_lang en --target_lang de --eval_steps 450
-    python -m bench.plot_validation_curve                             # docs/validation_curve.png
+    python -m bench stock_marian_translation --data multi30k --source_lang en --target_lang de --eval_steps 450
+    python -m bench plot_validation_curve                             # docs/validation_curve.png
 
-    python -m bench.plot_validation_curve --stock "" --name recipe_curves --output docs/recipe_curves.png \
+    python -m bench plot_validation_curve --stock "" --name recipe_curves --output docs/recipe_curves.png \
         --ours "the recipe before=runs/before" "the recipe=runs/multi30k-small"     # two recipes of ours
 
 Reads the runs' logs, nothing else: each `trainer_state.json` holds a validation BLEU every `--eval_steps` steps

@@ -1,7 +1,7 @@
 """Where the time goes: torch.profiler over ours and MarianMTModel, training steps or beam-search decoding.
 
-    python -m bench.profile_models training --preset small --batches 4
-    python -m bench.profile_models decoding --preset small --batches 3
+    python -m bench profile_models training --preset small --batches 4
+    python -m bench profile_models decoding --preset small --batches 3
 
 `training`: forward + backward + fused Adam on the same Multi30k token-budget batches as
 bench_training_step.py. `decoding`: beam 4, batch 64, exactly 20 new tokens per sentence on Multi30k test
@@ -15,6 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from bench.common import (
+    PROFILE_CATEGORIES,
     decode_all,
     hf_loss,
     machine,
@@ -26,14 +27,6 @@ from bench.common import (
     write_results,
 )
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-
-CATEGORIES = {
-    "matrix products": lambda name: name in ("aten::mm", "aten::addmm", "aten::bmm"),
-    "dropout masks": lambda name: name in ("aten::bernoulli_", "aten::random_"),  # nn.Dropout's draws, and ours
-    "softmax and loss": lambda name: "log_softmax" in name or "nll_loss" in name,
-    "attention kernel": lambda name: "scaled_dot_product" in name,
-    "index_select (cache reordering)": lambda name: name == "aten::index_select",
-}
 
 
 def runs(mode: str, preset: str, batch_count: int) -> dict:
@@ -68,7 +61,7 @@ def main():
         total = sum(event.self_cpu_time_total for event in events)
         shares = {
             category: sum(event.self_cpu_time_total for event in events if matches(event.key)) / total
-            for category, matches in CATEGORIES.items()
+            for category, matches in PROFILE_CATEGORIES.items()
         }
         shares["everything else"] = 1 - sum(shares.values())
         print(f"\n{name}: {total / 1e3 / args.batches:.0f} ms of CPU time per batch under the profiler")

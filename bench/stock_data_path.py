@@ -3,7 +3,7 @@ examples/pytorch/translation/run_translation.py reads and tokenizes (`load_datas
 tokenizer, in `main_process_first`), then its padded batches through `Seq2SeqTrainer` for a few steps. The model and
 tokenizer are ours (the stock example needs a trained tokenizer: give it the BPE our run trained).
 
-    python -m bench.stock_data_path --train_file big.jsonl --tokenizer_name BPE_FOLDER --cache_dir CACHE \\
+    python -m bench stock_data_path --train_file big.jsonl --tokenizer_name BPE_FOLDER --cache_dir CACHE \\
         --output_dir OUT --max_steps 2
 """
 

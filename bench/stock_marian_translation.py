@@ -1,6 +1,6 @@
 """The stock recipe, for comparison: transformers' MarianMTModel of our "small" size, trained by Seq2SeqTrainer.
 
-    python -m bench.stock_marian_translation --data tatoeba-en-zh --source_lang en --target_lang zh
+    python -m bench stock_marian_translation --data tatoeba-en-zh --source_lang en --target_lang zh
 
 What a transformers user would write without this project, on the same data, machine and time budget as our
 recipe: an 8,000-token BPE with the Metaspace pre-tokenizer and NFKC (as SentencePiece's default `nmt_nfkc`,
@@ -33,9 +33,9 @@ from transformers import (
 from bench.common import REPO_ROOT, SHARED_DATA, machine, marian_like, write_results
 from hf_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla_transformer.files import write_text_atomically
+from hf_vanilla_transformer.training.callbacks import TimeLimitCallback
 from hf_vanilla_transformer.training.data import read_translation_file
 from hf_vanilla_transformer.training.metrics import load_translation_metric, score_generated
-from hf_vanilla_transformer.training.trainer import TimeLimitCallback
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"  # Marian's order: the decoder starts from <pad>
 
