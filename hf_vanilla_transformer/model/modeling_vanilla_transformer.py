@@ -276,7 +276,7 @@ class VanillaTransformerDropout(nn.Dropout):
     """Section 5.4's dropout: in training, each element is zeroed with probability p and the rest scaled by 1/(1-p).
 
     On a CPU it draws its own mask: `nn.Dropout` draws one random number an element (`bernoulli_`), a large share
-    of a bfloat16 training step on a CPU (BENCHMARKS.md, "Dropout's random masks"). Here each draw of 32 random bits
+    of a bfloat16 training step on a CPU (docs/findings.md, "Dropout's random masks"). Here each draw of 32 random bits
     makes the masks of two elements: each half's lowest 15 bits, against a threshold of round(p x 2^15). That
     rounds p to a multiple of 2^-15 (0.1 becomes 0.100006), and the scale follows the rounded p, so the expected
     output is still the input. Other devices, p of 0 or 1, and torch.compile (which cannot trace `random_`, and
