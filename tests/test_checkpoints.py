@@ -26,6 +26,7 @@ from hf_vanilla_transformer.training.checkpoints import (
     checkpoint_folders,
     latest_checkpoint,
     load_averaged_checkpoints,
+    rotate_checkpoints,
 )
 from hf_vanilla_transformer.training.trainer import TranslationTrainer
 from support.models import letter_tokenizer, reversal_dataset, tiny_model
@@ -120,6 +121,28 @@ def test_checkpoints_are_rotated_by_step_before_transformers_rotation_by_time(tm
     )
     assert theirs.args.save_total_limit == 2
     assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["checkpoint-2", "checkpoint-8"]
+
+
+def complete_checkpoints(folder, steps):
+    for step in steps:
+        checkpoint = folder / f"checkpoint-{step}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "model.safetensors").write_bytes(b"")
+        (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+
+
+@pytest.mark.parametrize(
+    "best, kept",
+    [(None, ["checkpoint-10", "checkpoint-12"]), ("checkpoint-4", ["checkpoint-10", "checkpoint-12", "checkpoint-4"])],
+)
+def test_rotation_counts_the_checkpoint_being_written_and_the_best_as_transformers_does(tmp_path, best, kept):
+    complete_checkpoints(tmp_path, [2, 4, 6, 8, 10])
+    (tmp_path / "checkpoint-12").mkdir()  # being written: no trainer state yet
+    limit = 3 if best else 2  # the best one counts among the limit, as in save_total_limit
+    rotate_checkpoints(
+        str(tmp_path), limit, best=best and str(tmp_path / best), writing=str(tmp_path / "checkpoint-12")
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == kept
 
 
 def test_the_command_writes_the_mean_of_the_newest_checkpoints_as_a_model_folder(tmp_path, capsys):

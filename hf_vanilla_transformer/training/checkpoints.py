@@ -106,24 +106,23 @@ def rotate_checkpoints(output_dir: str, limit: int | None, best: str | None = No
             shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
     if not limit:
         return
-    steps = {step_of(folder) for folder in checkpoint_folders(output_dir)} | {step_of(writing)} - {None}
+    steps = {step_of(folder) for folder in [*checkpoint_folders(output_dir), writing] if folder is not None}
     best_step = step_of(best) if best is not None and step_of(best) in steps else None
     others = sorted(steps - {best_step})
     if len(steps) <= limit or not others:
         return
     oldest_kept = others[-max(limit - (best_step is not None), 1)]  # the newest always stays, for resuming
-    for step in sorted(step_of(name) for name in os.listdir(output_dir) if CHECKPOINT.fullmatch(name)):
-        name = f"checkpoint-{step}"
-        folder = os.path.join(output_dir, name)
+    for name in sorted((name for name in os.listdir(output_dir) if CHECKPOINT.fullmatch(name)), key=step_of):
+        step = step_of(name)
         if step < oldest_kept and step != best_step:
             logger.info("Deleting %s (keeping the newest %d)", name, limit)
-            os.replace(folder, os.path.join(output_dir, BEING_DELETED + name))
+            os.replace(os.path.join(output_dir, name), os.path.join(output_dir, BEING_DELETED + name))
             shutil.rmtree(os.path.join(output_dir, BEING_DELETED + name))
 
 
-def step_of(folder: str | None) -> int | None:
-    """The step of a `checkpoint-STEP` folder (None for None)."""
-    return None if folder is None else int(CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(folder))).group(1))
+def step_of(folder: str) -> int:
+    """The step of a `checkpoint-STEP` folder."""
+    return int(CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(folder))).group(1))
 
 
 def last_checkpoints(output_dir: str, count: int) -> list[str]:
