@@ -107,13 +107,13 @@ def rotate_checkpoints(output_dir: str, limit: int | None, best: str | None = No
     if not limit:
         return
     steps = {step_of(folder) for folder in [*checkpoint_folders(output_dir), writing] if folder is not None}
-    best_step = step_of(best) if best is not None and step_of(best) in steps else None
+    best_step = step_of(best) if best is not None else None
+    best_step = best_step if best_step in steps else None
     others = sorted(steps - {best_step})
     if len(steps) <= limit or not others:
         return
     oldest_kept = others[-max(limit - (best_step is not None), 1)]  # the newest always stays, for resuming
-    for name in sorted((name for name in os.listdir(output_dir) if CHECKPOINT.fullmatch(name)), key=step_of):
-        step = step_of(name)
+    for step, name in sorted((step_of(name), name) for name in os.listdir(output_dir) if CHECKPOINT.fullmatch(name)):
         if step < oldest_kept and step != best_step:
             logger.info("Deleting %s (keeping the newest %d)", name, limit)
             os.replace(os.path.join(output_dir, name), os.path.join(output_dir, BEING_DELETED + name))
