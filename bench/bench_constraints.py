@@ -1,15 +1,19 @@
-"""Terminology constraints on Multi30k test2016 (en-de): constraints met, BLEU and speed against plain beam search.
+"""Terminology constraints against plain beam search: terms met, BLEU and time, on Multi30k (en-de) or Tatoeba (en-zh).
 
-    OMP_NUM_THREADS=1 python -m bench constraints --model runs/multi30k-small-seed1 --repetitions 3
+    OMP_NUM_THREADS=1 python -m bench constraints --model runs/multi30k-small --repetitions 3
+    OMP_NUM_THREADS=1 python -m bench constraints --model runs/tatoeba-en-zh-small --target_lang zh \
+        --data ../shared/data/tatoeba-en-zh/test.jsonl --repetitions 3
 
-The model's beam search (its generation config) translates every sentence; then each sentence gets one or two
-words of its reference (four letters or more, punctuation stripped, chosen at random with a fixed seed) that the
-translation lacks, as constraints (`constraint_token_ids`: the word as it appears after a space), and
-`constrained_beam_search` translates it again. Reported: the share of constraints met (as tokens, the search's
-promise, and as words in the detokenized output), sacreBLEU (13a, cased, detokenized output against the raw
-references, with its signature) without and with constraints, and the time of each search over all sentences,
-in batches of --batch_size sorted by length, on the same threads, interleaved repetitions, median; also our
-search without constraints, which tells the cost of the search itself from the cost of the constraints.
+The model's beam search (`generate()`, its generation config) translates every sentence. Then each sentence gets
+terms from its reference that the translation lacks, as a translator who knows the right word would give them: for
+a language written with spaces, one or two reference words of four letters or more (punctuation stripped), met as
+whole words; for Chinese or Japanese, one or two spans of two characters of the reference, met inside words. A
+sentence whose translation lacks no such word gets no terms. `constrained_beam_search` translates every sentence
+again, those without terms included, with each beam rule asked for (`--constrained_num_beams`; the default rule,
+`constrained_beams`, always). Reported: the share of terms the output holds (`holds`, as a reader checks it),
+sacreBLEU (detokenized, cased, the target language's tokenization, with its signature) of plain and constrained
+output, whether the sentences without terms kept their translation, and the time of each over all sentences, in
+batches of --batch_size sorted by length, interleaved repetitions, median.
 """
 
 import argparse
@@ -17,11 +21,13 @@ import os
 import random
 import string
 
+import regex as re
 import torch
 
 from bench.common import MULTI30K, add_repetitions, interleaved_medians, machine, write_results
 from hf_vanilla_transformer.loading import load_model_and_tokenizer
-from hf_vanilla_transformer.tools.constraints import constrained_beam_search, constraint_token_ids
+from hf_vanilla_transformer.tools.constraints import constrained_beam_search, constrained_beams
+from hf_vanilla_transformer.tools.words import UNSPACED_CHARACTER, UNSPACED_SCRIPTS, TokenWords, encode_phrases, holds
 from hf_vanilla_transformer.training.data import read_translation_file
 from hf_vanilla_transformer.training.metrics import load_translation_metric
 
@@ -32,12 +38,19 @@ def words(text: str) -> list[str]:
     return [word.strip(PUNCTUATION) for word in text.split()]
 
 
-def missing_words(reference: str, translation: str, rng: random.Random) -> list[str]:
-    """One or two words of the reference, four letters or more, that the translation lacks, in reference order."""
-    present = set(words(translation))
-    candidates = list(dict.fromkeys(word for word in words(reference) if len(word) >= 4 and word not in present))
+def missing_terms(reference: str, translation: str, rng: random.Random) -> list[str]:
+    """One or two terms of the reference that the translation lacks, in reference order: words of four letters or
+    more, or, in a script written without spaces, spans of two of its characters (each run of such characters cut
+    into pairs from its start, so that no two terms overlap)."""
+    if UNSPACED_CHARACTER.search(reference):
+        runs = re.findall(rf"[{UNSPACED_SCRIPTS}]+", reference)
+        spans = [run[start : start + 2] for run in runs for start in range(0, len(run) - 1, 2)]
+        candidates = list(dict.fromkeys(span for span in spans if span not in translation))
+    else:
+        present = set(words(translation))
+        candidates = list(dict.fromkeys(word for word in words(reference) if len(word) >= 4 and word not in present))
     chosen = set(rng.sample(candidates, min(len(candidates), rng.choice([1, 2]))))
-    return [word for word in candidates if word in chosen]
+    return [term for term in candidates if term in chosen]
 
 
 def length_sorted_batches(tokenizer, sources: list[str], batch_size: int) -> list[tuple[list[int], dict]]:
@@ -49,111 +62,135 @@ def length_sorted_batches(tokenizer, sources: list[str], batch_size: int) -> lis
     ]
 
 
-def translate(model, tokenizer, batches, count: int, constraints: list[list[list[int]]] | None = None):
-    """Each sentence's best translation as text and token ids: `generate()` when `constraints` is None, else
-    `constrained_beam_search` with them."""
-    texts, tokens = [None] * count, [None] * count
+def translate(model, tokenizer, batches, count: int, constraints=None, words=None, beams=None) -> list[str]:
+    """Each sentence's best translation: `generate()` when `constraints` is None, else `constrained_beam_search`
+    with them (a list of `Phrase`s a sentence) and `beams` for the sentences searched again (None: the rule)."""
+    texts = [None] * count
     with torch.no_grad():
         for indices, batch in batches:
             if constraints is None:
                 sequences = model.generate(**batch)
             else:
-                chunk = [constraints[i] for i in indices]
-                sequences = constrained_beam_search(model, batch["input_ids"], batch["attention_mask"], chunk).sequences
+                sequences = constrained_beam_search(
+                    model,
+                    batch["input_ids"],
+                    batch["attention_mask"],
+                    [constraints[i] for i in indices],
+                    words,
+                    constrained_num_beams=beams,
+                ).sequences
             for index, row in zip(indices, sequences.tolist(), strict=True):
-                tokens[index] = row
                 texts[index] = tokenizer.decode(row, skip_special_tokens=True).strip()
-    return texts, tokens
-
-
-def contains(tokens: list[int], phrase: list[int]) -> bool:
-    return any(tokens[start : start + len(phrase)] == phrase for start in range(len(tokens)))
+    return texts
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a trained model folder")
-    parser.add_argument("--data", default=os.path.join(MULTI30K, "test.jsonl"), help="en-de JSON lines")
+    parser.add_argument("--data", default=os.path.join(MULTI30K, "test.jsonl"), help="JSON lines of pairs")
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="de")
     parser.add_argument("--sentences", type=int, default=None, help="the first this many (default: all)")
     parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument(
+        "--constrained_num_beams",
+        type=int,
+        nargs="*",
+        default=[],
+        help="fixed beams for the sentences searched again, measured beside the default rule",
+    )
     add_repetitions(parser, 3)
-    parser.add_argument("--seed", type=int, default=0, help="of the choice of constraint words")
+    parser.add_argument("--seed", type=int, default=0, help="of the choice of terms")
+    parser.add_argument("--name", default="constraints", help="the results file's name in bench/results")
     args = parser.parse_args()
     if not os.path.isfile(args.data):
         parser.error(f"--data {args.data}: no such file")
 
     model, tokenizer = load_model_and_tokenizer(args.model, device="cpu", dtype=torch.float32)
     model.eval()
-    pairs = list(read_translation_file(args.data, "en", "de"))[: args.sentences]
+    pairs = list(read_translation_file(args.data, args.source_lang, args.target_lang))[: args.sentences]
     sources, references = [source for source, _ in pairs], [reference for _, reference in pairs]
     batches = length_sorted_batches(tokenizer, sources, args.batch_size)
+    table = TokenWords.of(tokenizer, model.config.vocab_size)
 
-    plain, _ = translate(model, tokenizer, batches, len(pairs))
+    plain = translate(model, tokenizer, batches, len(pairs))
     rng = random.Random(args.seed)
-    phrases = [missing_words(reference, text, rng) for reference, text in zip(references, plain, strict=True)]
-    constraints = [constraint_token_ids(tokenizer, words) if words else [] for words in phrases]
-    constrained, constrained_tokens = translate(model, tokenizer, batches, len(pairs), constraints)
-
-    wanted = [(row, words_, ids) for row, (words_, ids) in enumerate(zip(phrases, constraints, strict=True)) if ids]
-    total = sum(len(ids) for _, _, ids in wanted)
-    met_tokens = sum(contains(constrained_tokens[row], phrase) for row, _, ids in wanted for phrase in ids)
-    met_words = sum(word in words(constrained[row]) for row, words_, _ in wanted for word in words_)
-
-    metric = load_translation_metric()
-    scores = {
-        name: metric.compute(predictions=texts, references=[[reference] for reference in references])
-        for name, texts in (("unconstrained", plain), ("constrained", constrained))
+    terms = [missing_terms(reference, text, rng) for reference, text in zip(references, plain, strict=True)]
+    phrases = [encode_phrases(tokenizer, sentence_terms, "word", table) for sentence_terms in terms]
+    wanted = [row for row, sentence_terms in enumerate(terms) if sentence_terms]
+    total = sum(len(terms[row]) for row in wanted)
+    rules = {"rule": None, **{f"beam {beams}": beams for beams in args.constrained_num_beams}}
+    outputs = {
+        name: translate(model, tokenizer, batches, len(pairs), phrases, table, beams) for name, beams in rules.items()
     }
 
-    no_constraints = [[] for _ in pairs]
+    metric = load_translation_metric()
+    references_list = [[reference] for reference in references]
+    bleu = {
+        "beam search": metric.compute(predictions=plain, references=references_list, target_language=args.target_lang)
+    }
+    met, kept = {}, {}
+    for name, texts in outputs.items():
+        bleu[name] = metric.compute(predictions=texts, references=references_list, target_language=args.target_lang)
+        met[name] = sum(holds(texts[row], term) for row in wanted for term in terms[row]) / total
+        kept[name] = sum(texts[row] == plain[row] for row in range(len(pairs)) if not terms[row])
+
     medians = interleaved_medians(
         {
-            "generate() beam search": lambda: translate(model, tokenizer, batches, len(pairs)),
-            "constrained_beam_search": lambda: translate(model, tokenizer, batches, len(pairs), constraints),
-            "constrained_beam_search, no constraints": lambda: translate(
-                model, tokenizer, batches, len(pairs), no_constraints
-            ),
+            "beam search": lambda: translate(model, tokenizer, batches, len(pairs)),
+            **{
+                name: lambda beams=beams: translate(model, tokenizer, batches, len(pairs), phrases, table, beams)
+                for name, beams in rules.items()
+            },
         },
         args.repetitions,
     )
-    ratio = medians["constrained_beam_search"] / medians["generate() beam search"]
     config = model.generation_config
+    token_counts = [sum(phrase.shortest for phrase in phrases[row]) for row in wanted]
     results = {
         "machine": machine(),
         "model": args.model,
         "data": args.data,
         "sentences": len(pairs),
-        "sentences_with_constraints": len(wanted),
-        "constraints": total,
+        "sentences_with_terms": len(wanted),
+        "terms": total,
         "batch_size": args.batch_size,
         "decoding": {
             "num_beams": config.num_beams,
             "length_penalty": config.length_penalty,
             "max_new_tokens_over_source": getattr(config, "max_new_tokens_over_source", None),
+            "rule": {
+                "beams of sentences searched again": sorted(
+                    {constrained_beams(config.num_beams, count) for count in token_counts}
+                )
+            },
         },
-        "constraints_met_as_tokens": met_tokens / total,
-        "constraints_met_as_words": met_words / total,
-        "bleu": {name: round(score["bleu"], 2) for name, score in scores.items()},
-        "bleu_signature": scores["constrained"]["bleu_signature"],
+        "terms_met": met,
+        "sentences_without_terms_unchanged": {
+            name: f"{count} of {len(pairs) - len(wanted)}" for name, count in kept.items()
+        },
+        "bleu": {name: round(score["bleu"], 2) for name, score in bleu.items()},
+        "bleu_signature": bleu["beam search"]["bleu_signature"],
         "seconds_median": {name: round(seconds, 2) for name, seconds in medians.items()},
+        "time_ratio_to_beam_search": {name: round(medians[name] / medians["beam search"], 2) for name in rules},
         "repetitions": args.repetitions,
-        "time_ratio_constrained_to_generate": round(ratio, 2),
         "examples": [
             {
                 "source": sources[row],
-                "constraints": words_,
-                "unconstrained": plain[row],
-                "constrained": constrained[row],
+                "terms": terms[row],
+                "beam search": plain[row],
+                "constrained": outputs["rule"][row],
             }
-            for row, words_, _ in wanted[:5]
+            for row in wanted[:8]
         ],
     }
-    print(
-        f"constraints met: {met_tokens}/{total} as tokens, {met_words}/{total} as words; "
-        f"BLEU {results['bleu']['unconstrained']} -> {results['bleu']['constrained']} ({results['bleu_signature']}); "
-        f"time {medians['generate() beam search']:.1f} s -> {medians['constrained_beam_search']:.1f} s ({ratio:.2f}x)"
-    )
-    print("wrote", write_results("constraints", results))
+    for name in rules:
+        print(
+            f"{name}: terms met {met[name]:.1%}; BLEU {results['bleu']['beam search']} -> {results['bleu'][name]}; "
+            f"time x{results['time_ratio_to_beam_search'][name]}"
+        )
+    print(results["bleu_signature"])
+    print("wrote", write_results(args.name, results))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 command never leaves a file or folder that looks complete."""
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -176,3 +177,45 @@ def decoded_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[tuple[int, 
             raise InputError(
                 f"{name}:{line_number}: not UTF-8 text ({error.reason} at byte {error.start + 1} of the line)"
             ) from None
+
+
+def json_value(line: str, where: str, what: str = "JSON") -> object:
+    """One line's JSON value; errors name `where` (the file and line) and, where it can hold no JSON value we take,
+    `what` it should be. Duplicate keys are an error (json keeps the last silently, so a value would vanish), and so
+    are nesting too deep to read and integers of more than 4,300 digits."""
+    try:
+        return json.loads(line, object_pairs_hook=lambda pairs: object_without_duplicates(pairs, where))
+    except json.JSONDecodeError as error:
+        raise InputError(f"{where}: not valid JSON ({error.msg.removesuffix(' at')} at column {error.colno})") from None
+    except RecursionError:
+        raise InputError(f"{where}: not {what} (JSON nested too deeply to read)") from None
+    except InputError:
+        raise
+    except ValueError as error:  # integers of more than 4,300 digits
+        raise InputError(f"{where}: not {what} ({error})") from None
+
+
+def object_without_duplicates(pairs: list[tuple[str, object]], where: str) -> dict:
+    row = {}
+    for key, value in pairs:
+        if key in row:
+            raise InputError(f"{where}: the key {key!r} appears twice in one object")
+        row[key] = value
+    return row
+
+
+def check_unicode(text: str, what: str) -> None:
+    """JSON's \\ud800-style escapes can make strings that are not Unicode text (lone surrogates): the tokenizer and
+    every UTF-8 writer would fail on them later, far from the line that holds them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InputError(
+            f"{what} is not Unicode text (a lone surrogate {text[error.start]!r} at character {error.start + 1})"
+        ) from None
+
+
+def shortened(value, limit: int = 60) -> str:
+    """`value`'s repr, cut to `limit` characters, for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -165,6 +165,15 @@ def physical_memory() -> int | None:
         return None
 
 
+def device_memory(device) -> int | None:
+    """The memory of `device` (a torch.device) in bytes: a GPU's own, else the machine's (`physical_memory`)."""
+    if device.type == "cuda":
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory
+    return physical_memory()
+
+
 def stored_weight_count(weights_file: str) -> int | None:
     """The number of values in a safetensors file, from its header; None if there is no such file (then
     transformers' error for the missing file applies). A header that cannot be read is an error naming the file."""

@@ -7,7 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
-from hf_vanilla_transformer.tools.constraints import constrained_beam_search, constraint_token_ids
+from hf_vanilla_transformer.tools.constraints import (
+    ConstraintTables,
+    allocate_beam,
+    constrained_beam_search,
+    constrained_beams,
+    meet_constraints,
+)
+from hf_vanilla_transformer.tools.words import TokenWords, encode_phrases, holds
 from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
 from support.models import EOS, PAD, beam_search_example, letter_tokenizer, tiny_model
 
@@ -33,18 +40,27 @@ def contains(tokens: list[int], phrase: list[int]) -> bool:
     return any(tokens[start : start + len(phrase)] == phrase for start in range(len(tokens)))
 
 
-def test_a_phrase_has_the_tokens_it_has_inside_a_sentence():
+def test_a_phrase_has_the_tokens_it_has_inside_a_sentence_and_at_its_start():
     tokenizer = train_shared_bpe(["Ein Hund läuft im Schnee.", "Der Hund schläft.", "Zwei Hunde spielen."] * 20, 300)
-    sentence = tokenizer(text_target="Ein Hund läuft im Schnee.", add_special_tokens=False)["input_ids"]
-    phrases = constraint_token_ids(tokenizer, ["Hund", "im Schnee"])
-    assert all(contains(sentence, phrase) for phrase in phrases)
-    assert tokenizer.convert_ids_to_tokens(phrases[0])[0].startswith("Ġ")
-    assert constraint_token_ids(letter_tokenizer(), ["a", "b c"]) == [[4], [5, 6]]
+    words = TokenWords.of(tokenizer)
+    inside = tokenizer(text_target="Der Hund läuft im Schnee.", add_special_tokens=False)["input_ids"]
+    first = tokenizer(text_target="Hund läuft.", add_special_tokens=False)["input_ids"]
+    hund, schnee = encode_phrases(tokenizer, ["Hund", " im Schnee "], "word", words)
+    assert hund.text == "Hund" and schnee.text == "im Schnee"
+    spaced, bare = hund.forms
+    assert contains(inside, list(spaced)) and first[: len(bare)] == list(bare)
+    assert tokenizer.convert_ids_to_tokens(list(spaced))[0].startswith("Ġ")
+    # the spaced form stands anywhere; the bare one only where a word may start; both end a word
+    assert hund.opens == (False, True) and hund.closes
+    assert all(contains(inside, list(form)) for form in schnee.forms[:1])
+    letters = encode_phrases(letter_tokenizer(), ["a", "b c"], "word", TokenWords.of(letter_tokenizer()))
+    assert [phrase.forms for phrase in letters] == [((4,),), ((5, 6),)]
+    assert [phrase.opens for phrase in letters] == [(False,), (False,)]  # a word-level tokenizer: every token a word
 
 
 def test_a_phrase_without_tokens_is_refused():
-    with pytest.raises(ValueError, match="constraint ' ' has no tokens"):
-        constraint_token_ids(letter_tokenizer(), ["a", " "])
+    with pytest.raises(ValueError, match="phrase ' ' has no tokens"):
+        encode_phrases(letter_tokenizer(), ["a", " "], "subword")
     batch = padded([[5, 6, EOS], [7, EOS]])
     with pytest.raises(ValueError, match="sentence 1: a constraint has no tokens"):
         constrained_beam_search(short_model(0), **batch, constraints=[[[5]], [[]]])
@@ -54,9 +70,9 @@ def test_constraints_longer_than_the_length_limit_are_refused():
     batch = padded([[5, 6, EOS], [7, EOS]])  # limits: 3 + 4 and 2 + 4 tokens, `</s>` included
     fits = [[[5, 6, 7]], [[8, 9], [10, 11, 12]]]
     assert constrained_beam_search(short_model(0), **batch, constraints=fits).sequences.shape[0] == 2
-    with pytest.raises(ValueError, match=r"sentence 1: constraints \[\[8, 9\], \[10, 11, 12, 13\]\] need 6 tokens"):
+    with pytest.raises(ValueError, match=r"sentence 1: constraints \['\[8, 9\]', '\[10, 11, 12, 13\]'\] need 6 tokens"):
         constrained_beam_search(short_model(0), **batch, constraints=[[[5]], [[8, 9], [10, 11, 12, 13]]])
-    with pytest.raises(ValueError, match=r"sentence 0: constraints \[\[5, 6, 7\]\] need 3 tokens, .* room for 2"):
+    with pytest.raises(ValueError, match=r"sentence 0: constraints \['\[5, 6, 7\]'\] need 3 tokens, .* room for 2"):
         constrained_beam_search(short_model(0), **batch, constraints=fits, max_new_tokens=2)
 
 
@@ -171,3 +187,121 @@ def test_the_encoder_runs_once_and_the_decoder_reads_one_token_a_step():
     assert calls["decoder"][0] == torch.Size([2 * 4, 1])  # the paper's 4 beams per sentence
     assert {length for _, length in calls["decoder"]} == {1}
     assert len(calls["decoder"]) >= output.sequences.shape[1] - 1
+
+
+GERMAN = [
+    "Ein Hund läuft im Schnee.",
+    "Der Hund schläft im Haus.",
+    "Zwei Hunde spielen im Park.",
+    "Eine Frau liest ein Buch.",
+    "Kinder spielen „Fußball“ im Garten.",
+    "Der Einsatz der Feuerwehr.",
+]
+
+
+@pytest.fixture(scope="module")
+def german():
+    """A byte-level BPE over a few German sentences and its `TokenWords`."""
+    tokenizer = train_shared_bpe(GERMAN * 30, 400)
+    return tokenizer, TokenWords.of(tokenizer)
+
+
+def test_a_term_is_met_as_whole_words_wherever_a_word_may_stand(german):
+    """As the search reads tokens (`meet_constraints`) and as a reader reads the text (`holds`), whatever tokens
+    write it: after a space, as the first word, after an opening quote, before `</s>`; not inside a longer word."""
+    tokenizer, words = german
+    tables = ConstraintTables.build([encode_phrases(tokenizer, ["Hund"], "word", words)], words, "cpu")
+
+    def met(*pieces: str) -> bool:
+        ids = [t for piece in pieces for t in tokenizer(text_target=piece, add_special_tokens=False)["input_ids"]]
+        by_search = bool(meet_constraints(tables, torch.tensor([0]), torch.tensor([[*ids, EOS]]))[0])
+        assert by_search == holds("".join(pieces), "Hund")
+        return by_search
+
+    assert met("Der", " Hund", ".") and met("Der", " Hund")
+    assert met("Hund", " bellt", ".") and met("Der", " „", "Hund", "“", ".")
+    assert not met("Der", " Hund", "e", ".")  # "Hunde": the word goes on
+    assert not met("Der", "Hund", ".")  # "DerHund": the word started before
+    assert not met("Der", " Hun", "d", "e")
+
+
+def test_a_translation_that_already_holds_its_terms_is_left_as_it_was():
+    """A beam whose best hypothesis meets the terms returns it: the constrained search's rows are the plain
+    search's, token for token and score for score (those that lack a term left out)."""
+    model, tokenizer, text, generate_kwargs = beam_search_example()
+    batch = tokenizer([text, "j", "d e f"], return_tensors="pt", padding=True)
+    kwargs = {**generate_kwargs, "num_return_sequences": 1}
+    expected = model.generate(**batch, **kwargs, output_scores=True, return_dict_in_generate=True)
+    words = TokenWords.of(tokenizer)
+    terms = [[tokenizer.decode(row[1:2])] for row in expected.sequences.tolist()]  # the first word of each
+    constraints = [encode_phrases(tokenizer, sentence_terms, "word", words) for sentence_terms in terms]
+    output = constrained_beam_search(model, batch["input_ids"], batch["attention_mask"], constraints, words, **kwargs)
+    assert_same_search(output, expected, alone=False)
+
+
+def test_a_sentence_that_lacks_its_terms_is_searched_again_on_a_wider_beam():
+    model, tokenizer, text, generate_kwargs = beam_search_example()
+    batch = tokenizer([text], return_tensors="pt")
+    plain = model.generate(**batch, **generate_kwargs)
+    words = TokenWords.of(tokenizer)
+    missing = " ".join(
+        [letter for letter in "abcdefghij" if tokenizer.convert_tokens_to_ids(letter) not in plain[0]][:2]
+    )
+    calls = []
+    hook = model.model.decoder.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        output = constrained_beam_search(
+            model,
+            **batch,
+            constraints=[encode_phrases(tokenizer, [missing], "word", words)],
+            words=words,
+            **generate_kwargs,
+        )
+    finally:
+        hook.remove()
+    assert holds(tokenizer.decode(output.sequences[0], skip_special_tokens=True), missing)
+    # the plain search's 3 beams, then for a term of two tokens a beam of max(3, 2 + 2) rows
+    assert set(calls) == {3, 4} and calls[0] == 3 and calls[-1] == 4
+    assert constrained_beams(3, 1) == 3 and constrained_beams(4, 5) == 7
+
+
+def test_the_beam_always_keeps_a_hypothesis_that_has_begun_no_term():
+    """Dynamic beam allocation with fewer beams than banks: the bank of hypotheses that have met nothing is served
+    first in each round, so a term need not start at once; then the most advanced bank."""
+    banks = torch.tensor([[3, 3, 2, 2, 1, 0, 0, 3]])
+    chosen = allocate_beam(banks, torch.ones_like(banks, dtype=torch.bool), beams=2, most=3)
+    assert chosen.tolist() == [[5, 0]]
+    chosen = allocate_beam(banks, torch.ones_like(banks, dtype=torch.bool), beams=5, most=3)
+    assert chosen.tolist() == [[5, 0, 2, 4, 6]]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 3),
+    sentence=st.lists(st.sampled_from(["A", "dog", "runs", "in", "the", "snow", "."]), min_size=1, max_size=6),
+    terms=st.lists(st.sampled_from(["Hund", "Schnee", "im Park", "Ein", "Fußball", "Hunde"]), min_size=1, max_size=2),
+    match=st.sampled_from(["word", "subword"]),
+    returned=st.integers(1, 2),
+)
+def test_every_hypothesis_holds_each_term_as_whole_words_and_starts_with_no_space(
+    german, seed, sentence, terms, match, returned
+):
+    tokenizer, words = german
+    model = tiny_model(seed, vocab_size=len(tokenizer))
+    model.generation_config = paper_generation_config(model.config)
+    model.generation_config.max_new_tokens_over_source = 12
+    batch = tokenizer([" ".join(sentence)], return_tensors="pt")
+    constraints = [encode_phrases(tokenizer, list(dict.fromkeys(terms)), match, words)]
+    output = constrained_beam_search(
+        model, **batch, constraints=constraints, words=words, num_return_sequences=returned
+    )
+    plain = tokenizer.batch_decode(model.generate(**batch, num_return_sequences=returned), skip_special_tokens=True)
+    assert output.found[0]
+    rows = tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
+    for row, found in zip(rows, output.found.tolist(), strict=True):
+        if found:
+            assert all(holds(row, term, match) for term in terms), row
+            # what the model's own search wrote stays as it was; the constrained search starts with no space
+            assert row in plain or not row[:1].isspace(), row

@@ -192,8 +192,10 @@ def test_vanilla_score_writes_each_pairs_log_probability_or_its_whole_score(fold
         assert row["score"] == pytest.approx(row["log_probability"] / len(row["tokens"]) ** 0.6)  # the model's α
         assert row["token_log_probs"] == pytest.approx(score.token_log_probs, abs=1e-6)
     # --alignments: `align`'s pairs of each given pair, after the log-probability and in the JSON
-    translator = load_translator(model_folder, "cpu", "float32", attn_implementation="eager")
-    expected_alignments = [format_alignment(p) for p in align(translator.model, translator.tokenizer, SOURCES, targets)]
+    translator = load_translator(model_folder, "cpu", "float32")
+    expected_alignments = [
+        format_alignment(p) for p in align(translator.aligner, translator.tokenizer, SOURCES, targets)
+    ]
     score_main([*common, "--alignments", "--output", str(tmp_path / "aligned.txt")])
     aligned = [line.split(" ||| ") for line in (tmp_path / "aligned.txt").read_text().splitlines()]
     assert [alignment for _, alignment in aligned] == expected_alignments

@@ -4,7 +4,9 @@ of what a route or an input cannot give: one line naming the file and line, exit
 
 import json
 import math
+import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -247,8 +249,8 @@ def test_what_a_route_or_flag_cannot_give_is_one_line_and_exit_2(folders, tmp_pa
     [
         ("--prefix", "a\nb\n", "{path}: 2 line(s) for the 5 of {input}"),
         ("--constraints", '["a"]\n', "{path}: 1 line(s) for the 5 of {input}"),
-        ("--constraints", '[]\n["a"\n[]\n[]\n[]\n', "{path}:2: not JSON"),
-        ("--constraints", '[]\n{"a": 1}\n[]\n[]\n[]\n', "{path}:2: not a JSON list of strings"),
+        ("--constraints", '[]\n["a"\n[]\n[]\n[]\n', "{path}:2: not valid JSON"),
+        ("--constraints", '[]\n{"a": 1}\n[]\n[]\n[]\n', "{path}:2: {{'a': 1}} is not a JSON list of strings"),
         ("--constraints", '[]\n[" "]\n[]\n[]\n[]\n', "{path}:2: "),
         ("--constraints", '[]\n[]\n[]\n["' + "a " * 60 + '"]\n[]\n', "{path}:4: the constraints' 60 tokens"),
         ("--prefix", "\n\n\n" + "a " * 60 + "\n\n", "{path}:4: the prefix's 60 tokens"),
@@ -323,3 +325,290 @@ def test_a_10_mb_line_is_cut_before_it_is_tokenized_and_translated_from_its_star
     assert found[1][0].text == found[2][0].text and found[0][0].text != found[1][0].text
     assert translator.tokenizer.longest <= 2 * 128 * len("<unk>")  # the positions times the longest token, doubled
     assert "2 line(s) have more tokens than the model's 128 positions" in caplog.text
+
+
+def read_line_within(stream, seconds: float) -> str:
+    """The next line of a pipe, or a failure if none comes within `seconds`."""
+    import select
+
+    ready, _, _ = select.select([stream], [], [], seconds)
+    assert ready, f"no line within {seconds} s"
+    return stream.readline().rstrip("\n")
+
+
+def strict_json(line: str):
+    """A JSON line as a strict parser reads it: `Infinity` and `NaN` are no JSON."""
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_sampled_n_best_lists_are_best_first_and_every_figure_is_a_number(folders, capsys):
+    status, lines, err = translate_input(capsys, folders, "--do_sample", "--seed", "4", "--n_best", "4")
+    assert status == 0, err
+    rows = nbest_rows(lines)
+    for number in {number for number, *_ in rows}:
+        scores = [score for n, _, score, _ in rows if n == number]
+        assert scores == sorted(scores, reverse=True) and all(map(math.isfinite, scores))
+    status, lines, err = translate_input(
+        capsys, folders, "--do_sample", "--seed", "4", "--n_best", "4", "--format", "jsonl"
+    )
+    for line in lines:
+        hypotheses = strict_json(line)["translations"]
+        assert [h["score"] for h in hypotheses] == sorted((h["score"] for h in hypotheses), reverse=True)
+
+
+def test_constrained_n_best_rows_are_only_hypotheses_that_hold_the_terms(folders, tmp_path, capsys):
+    """A row the search could not fill with a hypothesis that holds the terms is left out, never printed as -inf."""
+    constraints = [["j"], [], [], ["a b c d"], ["b"]]
+    (tmp_path / "terms.jsonl").write_text("\n".join(map(json.dumps, constraints)) + "\n")
+    flags = ("--constraints", str(tmp_path / "terms.jsonl"), "--n_best", "4")
+    status, lines, err = translate_input(capsys, folders, *flags, "--format", "jsonl")
+    assert status == 0, err
+    for line, terms in zip(lines, constraints, strict=True):
+        for hypothesis in strict_json(line)["translations"]:
+            assert all(f" {term} " in f" {hypothesis['translation']} " for term in terms)
+            assert math.isfinite(hypothesis["score"]) and "<pad>" not in hypothesis["tokens"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_alignments_never_change_the_translation(folders, tmp_path, capsys, dtype):
+    """The translations with --alignments are those without, in either dtype (the alignments are read from an eager
+    copy of the model), a line longer than the model's positions included: aligned as it was translated."""
+    lines = [*SOURCES, " ".join(["a", "b", "c"] * 60)]  # 180 tokens, more than the 128 positions
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n")
+    outputs = []
+    for flags in ([], ["--alignments"]):
+        capsys.readouterr()
+        translate_main(["--model", folders["first"], "--input", str(source), "--dtype", dtype, *flags])
+        outputs.append(capsys.readouterr().out.splitlines())
+    plain, aligned = outputs
+    assert [line.split(" ||| ")[0] for line in aligned] == plain
+    last = [tuple(map(int, pair.split("-"))) for pair in aligned[-1].split(" ||| ")[1].split()]
+    assert last and max(i for i, _ in last) < 128  # the words of the line's start that was translated
+
+
+def test_every_route_scores_a_prefix_as_part_of_the_translation(folders):
+    """One convention for n-best scores: the whole output's log-probability, a prefix's tokens and `</s>` included,
+    over its length to the power of the length penalty; CTranslate2's agree with ours on the same hypotheses."""
+    prefixes = ["a", "", "", "j", ""]
+    steering = Steering(n_best=2, scores=True, prefixes=prefixes)
+    for name in ("first", "ctranslate2"):
+        translator = load_translator(folders[name], "cpu", "float32" if name == "first" else "auto")
+        for hypotheses in translate_lines_in_full(translator, SOURCES, 8, {}, False, steering):
+            for hypothesis in hypotheses:
+                if hypothesis.tokens:
+                    expected = math.fsum(hypothesis.token_log_probs) / len(hypothesis.tokens) ** 0.6
+                    assert hypothesis.score == pytest.approx(expected, abs=1e-5)
+            assert [h.score for h in hypotheses] == sorted((h.score for h in hypotheses), reverse=True)
+
+
+@pytest.mark.parametrize("models", [("first",), ("first", "second")])
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-4), ("bfloat16", 0.0)])
+def test_vanilla_score_of_the_tokens_jsonl_gives_is_the_n_best_lists_own(
+    folders, tmp_path, capsys, models, dtype, tolerance
+):
+    """vanilla-translate --format jsonl, then vanilla-score on the tokens it wrote: every hypothesis' log-probability
+    and score again, for a model or an ensemble; in bfloat16 the same kernels give the same figure."""
+    from hf_vanilla_transformer.cli.score import main as score_main
+
+    paths = [folders[name] for name in models]
+    translated, scored = tmp_path / "out.jsonl", tmp_path / "scored.jsonl"
+    translate_main(
+        [
+            "--model",
+            *paths,
+            "--input",
+            folders["input"],
+            "--n_best",
+            "3",
+            "--format",
+            "jsonl",
+            "--dtype",
+            dtype,
+            "--output",
+            str(translated),
+        ]
+    )
+    score_main(
+        [
+            "--model",
+            *paths,
+            "--source",
+            folders["input"],
+            "--target",
+            str(translated),
+            "--target_format",
+            "jsonl",
+            "--format",
+            "jsonl",
+            "--dtype",
+            dtype,
+            "--output",
+            str(scored),
+        ]
+    )
+    for line, again in zip(translated.read_text().splitlines(), scored.read_text().splitlines(), strict=True):
+        hypotheses, rescored = strict_json(line)["translations"], strict_json(again)["translations"]
+        assert [h["tokens"] for h in rescored] == [h["tokens"] for h in hypotheses]
+        for field in ("log_probability", "score"):
+            assert [h[field] for h in rescored] == pytest.approx([h[field] for h in hypotheses], abs=tolerance)
+    # a length penalty of one's own, as marian-scorer and sockeye-score take it
+    score_main(
+        [
+            "--model",
+            *paths,
+            "--source",
+            folders["input"],
+            "--target",
+            str(translated),
+            "--target_format",
+            "jsonl",
+            "--format",
+            "jsonl",
+            "--length_penalty",
+            "1.0",
+            "--output",
+            str(scored),
+        ]
+    )
+    for again in scored.read_text().splitlines():
+        for hypothesis in strict_json(again)["translations"]:
+            if hypothesis["tokens"]:
+                assert hypothesis["score"] == pytest.approx(hypothesis["log_probability"] / len(hypothesis["tokens"]))
+
+
+BAD_TERMS = [
+    ('["</s>"]', "holds '</s>', which is markup, not text"),
+    ('["<unk>"]', "holds '<unk>', which is markup, not text"),
+    ('["a <s>"]', "holds '<s>', which is markup, not text"),
+    ('["a", 3]', "int 3 is not a string"),
+    ('"a"', "'a' is not a JSON list of strings"),
+    ("[" * 100_000 + "]" * 100_000, "not a JSON list of strings (JSON nested too deeply to read)"),
+    ('["\\ud800"]', "is not Unicode text (a lone surrogate '\\ud800' at character 1)"),
+    ('["\\u200b\\u200b"]', "has no visible characters"),
+    ('["a\\u0000b"]', "holds the control character '\\x00'"),
+]
+
+
+@pytest.mark.parametrize(
+    "flag, line, message",
+    [
+        (flag, line, message)
+        for flag in ("--constraints", "--avoid")
+        for line, message in BAD_TERMS
+        if not (flag == "--avoid" and line == '"a"')  # one string a line is an avoid file's own form
+    ],
+)
+def test_a_bad_term_is_one_line_naming_file_and_line_before_any_model_loads(
+    folders, tmp_path, capsys, flag, line, message
+):
+    """Refused before the weights are read: the folder's weights here are broken, and the error is the file's."""
+    broken = tmp_path / "model"
+    broken.mkdir()
+    for file in os.listdir(folders["first"]):
+        (broken / file).write_bytes((Path(folders["first"]) / file).read_bytes())
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    path, output = tmp_path / "terms.jsonl", tmp_path / "out.txt"
+    path.write_text("[]\n" + line + "\n[]\n[]\n[]\n")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        translate_main(["--model", str(broken), "--input", folders["input"], "--output", str(output), flag, str(path)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"{path}:2: " in err and message in err and len(err.strip().splitlines()) == 1, err
+    assert not output.exists()
+
+
+def test_special_tokens_or_markup_in_a_prefix_are_refused(folders, tmp_path, capsys):
+    path = tmp_path / "prefix.txt"
+    path.write_text("a\n\n\nj </s>\n\n")
+    status, _, err = translate_input(capsys, folders, "--prefix", str(path))
+    assert status == 2 and f"{path}:4: 'j </s>' holds '</s>', which is markup, not text" in err, err
+
+
+def test_terms_for_a_blank_line_are_a_warning_and_a_healthy_run_has_none(folders, tmp_path, capsys, caplog):
+    path = tmp_path / "terms.jsonl"
+    path.write_text('["j"]\n[]\n[]\n[]\n[]\n')
+    status, _, _ = translate_input(capsys, folders, "--constraints", str(path))
+    assert status == 0 and not [record for record in caplog.records if record.levelname == "WARNING"]
+    path.write_text('["j"]\n[]\n["a"]\n[]\n[]\n')
+    status, _, _ = translate_input(capsys, folders, "--constraints", str(path))
+    assert status == 0 and f"{path}:3: given for a blank line of input, which is not translated" in caplog.text
+
+
+@pytest.mark.parametrize("route", ["first", "ctranslate2", "ensemble"])
+@pytest.mark.parametrize("decoding", [[], ["--num_beams", "1"], ["--do_sample", "--seed", "1"]])
+def test_avoided_words_appear_in_no_translation_on_any_route(folders, tmp_path, capsys, route, decoding):
+    path = tmp_path / "avoid.jsonl"
+    baseline = translate_input(capsys, folders, *decoding)[1]
+    avoided = sorted({word for line in baseline for word in line.split()})[:3]
+    path.write_text(json.dumps(avoided[:2]) + "\n" + json.dumps(avoided[2]) + "\n")
+    models = ("first", "second") if route == "ensemble" else (route,)
+    status, lines, err = translate_input(capsys, folders, "--avoid", str(path), *decoding, models=models)
+    assert status == 0, err
+    assert len(lines) == len(SOURCES) and lines != baseline
+    for line in lines:
+        assert not set(line.split()) & set(avoided), (avoided, line)
+
+
+def test_constraints_match_inside_words_when_asked(folders, tmp_path, capsys):
+    """A word-level tokenizer writes every token as a word: whole words and subwords agree there; the option is
+    passed through and checked."""
+    path = tmp_path / "terms.jsonl"
+    path.write_text('["j"]\n[]\n[]\n["c"]\n[]\n')
+    for match in ("word", "subword"):
+        status, lines, err = translate_input(capsys, folders, "--constraints", str(path), "--constraint_match", match)
+        assert status == 0, err
+        assert "j" in lines[0].split() and "c" in lines[3].split()
+    status, _, err = translate_input(capsys, folders, "--constraints", str(path), "--constraint_match", "letters")
+    assert status == 2 and "argument --constraint_match: invalid choice" in err
+
+
+def test_standard_input_is_translated_line_by_line_as_it_comes(folders):
+    """A program writes a line, waits for its translation, then writes the next: with --buffer_size 1 each
+    translation comes before the next line is written (a timeout otherwise)."""
+    import subprocess
+
+    command = [
+        sys.executable,
+        "-m",
+        "hf_vanilla_transformer.cli.translate",
+        "--model",
+        folders["first"],
+        "--buffer_size",
+        "1",
+        "--num_beams",
+        "1",
+        "--n_best",
+        "1",
+    ]
+    process = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+    )
+    try:
+        answers = []
+        for line in ("a b c", "", "j i h"):
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+            answers.append(read_line_within(process.stdout, 60))
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    finally:
+        process.kill()
+    # each line's n-best list as it comes, numbered as in the whole input; a blank line's one empty hypothesis
+    assert answers[0].startswith("0 ||| ") and answers[1] == "1 |||  ||| 0.0000 ||| 0.0000"
+    assert answers[2].startswith("2 ||| ")
+
+
+def test_a_term_or_prefix_that_holds_an_avoided_word_is_refused(folders, tmp_path, capsys):
+    (tmp_path / "avoid.jsonl").write_text('"j"\n')
+    (tmp_path / "terms.jsonl").write_text('["j i"]\n[]\n[]\n[]\n[]\n')
+    (tmp_path / "prefix.txt").write_text("\n\n\nb j\n\n")
+    avoid = ("--avoid", str(tmp_path / "avoid.jsonl"))
+    status, _, err = translate_input(capsys, folders, *avoid, "--constraints", str(tmp_path / "terms.jsonl"))
+    assert status == 2 and f"terms.jsonl:1: 'j i' holds 'j', which {tmp_path / 'avoid.jsonl'} bars" in err, err
+    status, _, err = translate_input(capsys, folders, *avoid, "--prefix", str(tmp_path / "prefix.txt"))
+    assert status == 2 and "prefix.txt:4: 'b j' holds 'j'" in err, err

@@ -6,34 +6,54 @@ from hf_vanilla_transformer.cli.flags import (
     CommandParser,
     check_output_is_not_an_input,
     device_name,
+    finite_float,
     input_file,
     output_file,
     positive_int,
     reported,
 )
 
+TARGET_FORMATS = ("text", "jsonl")
+
 
 def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
     import torch
 
-    from hf_vanilla_transformer.tools.alignment import align, format_alignment
+    from hf_vanilla_transformer.files import InputError
+    from hf_vanilla_transformer.tools.ensemble import MembersDiffer
     from hf_vanilla_transformer.tools.export_ctranslate2 import is_ctranslate2_folder
-    from hf_vanilla_transformer.tools.scoring import check_pairs, score_lines
-    from hf_vanilla_transformer.tools.translate import read_lines, translator_loader, write_lines
+    from hf_vanilla_transformer.tools.scoring import check_pairs
+    from hf_vanilla_transformer.tools.steering_files import read_lines
+    from hf_vanilla_transformer.tools.translate import translator_loader
 
     parser = CommandParser(
         prog="vanilla-score",
         description="Score given translations with a trained model (forced decoding): for each line of --target, "
         "the log-probability the model gives it as the translation of the same line of --source. A CTranslate2 "
-        "folder (vanilla-export-ctranslate2) is scored with CTranslate2.",
+        "folder (vanilla-export-ctranslate2) is scored with CTranslate2; several --model folders as an ensemble.",
     )
-    parser.add_argument("--model", required=True, help="A model folder or a Hub id (downloaded, or from the cache).")
+    parser.add_argument(
+        "--model",
+        required=True,
+        action="extend",
+        nargs="+",
+        help="A model folder or a Hub id; several: an ensemble, scored as vanilla-translate decodes with it (the "
+        "mean of the models' log-probabilities at every token, renormalised).",
+    )
     parser.add_argument(
         "--source", type=input_file, required=True, help="File of source sentences, one a line ('-': standard input)."
     )
     parser.add_argument(
         "--target", type=input_file, required=True, help="File of their translations, one a line ('-': standard input)."
+    )
+    parser.add_argument(
+        "--target_format",
+        choices=TARGET_FORMATS,
+        default="text",
+        help="text: a translation a line, tokenized anew as training tokenizes labels (the model may have written "
+        "the same text in other tokens, with another score); jsonl: vanilla-translate's --format jsonl output, each "
+        "hypothesis scored on the tokens it was written in, as the n-best list scored it.",
     )
     parser.add_argument(
         "--output", type=output_file, default="-", help="File to write the scores to ('-': standard output)."
@@ -42,9 +62,13 @@ def main(argv: list[str] | None = None) -> None:
         "--format",
         choices=["plain", "jsonl"],
         default="plain",
-        help="plain: each pair's log-probability, one a line; jsonl: a JSON object a line with log_probability, score "
-        "(log-probability / length^length_penalty, the model's length penalty, as beam search ranks), tokens and "
-        "token_log_probs.",
+        help="plain: each pair's log-probability, one a line (jsonl targets: vanilla-translate's n-best lines, "
+        "`line ||| translation ||| score ||| log-probability`); jsonl: a JSON object a line with log_probability, "
+        "score (log-probability / length^length_penalty, as beam search ranks), tokens and token_log_probs (jsonl "
+        "targets: vanilla-translate's --format jsonl).",
+    )
+    parser.add_argument(
+        "--length_penalty", type=finite_float, help="The score's length penalty α (default: the model's)."
     )
     parser.add_argument("--batch_size", type=positive_int, default=32, help="Pairs scored together.")
     parser.add_argument("--device", type=device_name, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
@@ -66,45 +90,137 @@ def main(argv: list[str] | None = None) -> None:
         "attention: after ' ||| ' in plain output, as \"alignment\" in jsonl (model folders).",
     )
     args = parser.parse_args(argv)
-    if args.alignments and is_ctranslate2_folder(args.model):
-        parser.error(f"argument --alignments: for model folders; {args.model} is a CTranslate2 folder")
+    if args.alignments and any(is_ctranslate2_folder(model) for model in args.model):
+        parser.error(f"argument --alignments: for model folders; {args.model[0]} is a CTranslate2 folder")
     if args.source == args.target == "-":
         parser.error("argument --target: --source already reads standard input; give one of them as a file")
     check_output_is_not_an_input(parser, args.output, {"--source": args.source, "--target": args.target})
     with reported(parser.prog):
         torch.set_num_threads(args.threads or 1)  # one intra-op thread by default, as vanilla-translate
         # what the model's folder refuses before the input is read, and bad input before the model is loaded
-        eager = "eager" if args.alignments else None  # attention weights come from the eager path only
-        load_translator = translator_loader(args.model, args.device, args.dtype, args.threads, eager)
-        sources, targets = read_lines(args.source), read_lines(args.target)
+        load_translator = translator_loader(args.model, args.device, args.dtype, args.threads)
         names = (file_name(args.source), file_name(args.target))
+        sources = read_lines(args.source)
         try:
-            check_pairs(sources, targets, *names)
-        except ValueError as error:
+            if args.target_format == "jsonl":
+                hypotheses = read_hypotheses(args.target, len(sources), names)
+            else:
+                targets = read_lines(args.target)
+                check_pairs(sources, targets, *names)
+        except (ValueError, InputError) as error:
             parser.exit(2, f"{parser.prog}: error: {error}\n")
-        translator = load_translator()
-        scores = score_lines(translator, sources, targets, args.batch_size, names)
-        alignments = [None] * len(scores)
-        if args.alignments:
-            alignments = [
-                format_alignment(pairs)
-                for pairs in align(translator.model, translator.tokenizer, sources, targets, batch_size=args.batch_size)
-            ]
-        if args.format == "plain":
-            lines = [
-                str(score.log_probability) if alignment is None else f"{score.log_probability} ||| {alignment}"
-                for score, alignment in zip(scores, alignments, strict=True)
-            ]
+        try:
+            translator = load_translator()
+        except MembersDiffer as error:
+            parser.error(str(error))
+        if args.target_format == "jsonl":
+            lines = score_hypotheses(translator, sources, hypotheses, args, names)
         else:
-            lines = [
-                json_line(score, translator.tokenizer, alignment)
-                for score, alignment in zip(scores, alignments, strict=True)
-            ]
+            lines = score_texts(translator, sources, targets, args, names)
+        from hf_vanilla_transformer.tools.translate import write_lines
+
         write_lines(args.output, lines)
 
 
 def file_name(path: str) -> str:
     return "standard input" if path == "-" else path
+
+
+def score_texts(translator, sources: list[str], targets: list[str], args, names: tuple[str, str]) -> list[str]:
+    """The output lines for a translation a line: its log-probability, or its whole score as JSON."""
+    from hf_vanilla_transformer.tools.alignment import align, format_alignment
+    from hf_vanilla_transformer.tools.scoring import score_lines
+
+    scores = score_lines(translator, sources, targets, args.batch_size, names, args.length_penalty)
+    alignments = [None] * len(scores)
+    if args.alignments:
+        pairs = align(translator.aligner, translator.tokenizer, sources, targets, batch_size=args.batch_size)
+        alignments = [format_alignment(aligned) for aligned in pairs]
+    if args.format == "plain":
+        return [
+            str(score.log_probability) if alignment is None else f"{score.log_probability} ||| {alignment}"
+            for score, alignment in zip(scores, alignments, strict=True)
+        ]
+    return [
+        json_line(score, translator.tokenizer, alignment) for score, alignment in zip(scores, alignments, strict=True)
+    ]
+
+
+def read_hypotheses(path: str, lines: int, names: tuple[str, str]) -> list[list[tuple[str, list[str]]]]:
+    """vanilla-translate's `--format jsonl` output: per line, each hypothesis' translation and tokens; the line count
+    must be the source's. Errors name the file and line."""
+    from hf_vanilla_transformer.files import InputError, json_value
+    from hf_vanilla_transformer.tools.steering_files import read_lines
+
+    read = []
+    for number, line in enumerate(read_lines(path), 1):
+        where = f"{names[1]}:{number}"
+        row = json_value(line, where, "a line of vanilla-translate --format jsonl")
+        translations = row.get("translations") if isinstance(row, dict) else None
+        if not isinstance(translations, list):
+            raise InputError(f'{where}: not a line of vanilla-translate --format jsonl (no "translations" list)')
+        hypotheses = []
+        for hypothesis in translations:
+            tokens = hypothesis.get("tokens") if isinstance(hypothesis, dict) else None
+            text = hypothesis.get("translation") if isinstance(hypothesis, dict) else None
+            if not isinstance(text, str) or not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+                raise InputError(f'{where}: a hypothesis without "translation" text and "tokens" (a list of strings)')
+            hypotheses.append((text, tokens))
+        read.append(hypotheses)
+    if len(read) != lines:
+        raise InputError(f"{names[1]} has {len(read)} lines and {names[0]} has {lines}: one line a source line")
+    return read
+
+
+def score_hypotheses(translator, sources: list[str], hypotheses, args, names: tuple[str, str]) -> list[str]:
+    """The output lines for vanilla-translate's jsonl: every hypothesis scored on its own tokens, written as
+    vanilla-translate writes them (an n-best list, or its jsonl), so that the two can be compared line for line. A
+    blank source line with empty hypotheses keeps their score of 0."""
+    from hf_vanilla_transformer.files import InputError
+    from hf_vanilla_transformer.tools.alignment import align
+    from hf_vanilla_transformer.tools.scoring import score_lines
+    from hf_vanilla_transformer.tools.translate import Steering, blank_line_hypothesis, format_translations
+    from hf_vanilla_transformer.tools.translator import Hypothesis
+
+    tokenizer, vocabulary = translator.tokenizer, translator.tokenizer.get_vocab()
+    steering = Steering(scores=True, alignments=args.alignments)
+    pairs, found = [], [[] for _ in sources]
+    for number, (source, line_hypotheses) in enumerate(zip(sources, hypotheses, strict=True), 1):
+        for text, tokens in line_hypotheses:
+            unknown = next((token for token in tokens if token not in vocabulary), None)
+            if unknown is not None:
+                raise InputError(f"{names[1]}:{number}: the token {unknown!r} is not in the model's vocabulary")
+            if not source.strip() and not tokens:
+                found[number - 1].append(blank_line_hypothesis(steering))
+                continue
+            pairs.append((number - 1, text, tokenizer.convert_tokens_to_ids(tokens)))
+    try:
+        scores = score_lines(
+            translator,
+            [sources[line] for line, _, _ in pairs],
+            [ids for _, _, ids in pairs],
+            args.batch_size,
+            names,
+            args.length_penalty,
+        )
+    except ValueError as error:  # an empty side: name the line as the files number it
+        raise InputError(str(error)) from None
+    alignments = [None] * len(pairs)
+    if args.alignments:
+        sources_of = [sources[line] for line, _, _ in pairs]
+        alignments = align(translator.aligner, tokenizer, sources_of, [text for _, text, _ in pairs], args.batch_size)
+    for (line, text, _), score, alignment in zip(pairs, scores, alignments, strict=True):
+        found[line].append(
+            Hypothesis(
+                text,
+                score.score,
+                score.log_probability,
+                tokenizer.convert_ids_to_tokens(score.token_ids),
+                score.token_log_probs,
+                alignment,
+            )
+        )
+    return format_translations(found, args.format, n_best=args.format == "plain")
 
 
 def json_line(score, tokenizer, alignment: str | None = None) -> str:

@@ -22,8 +22,15 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from hf_vanilla_transformer.files import InputError
+    from hf_vanilla_transformer.loading import load_tokenizer, model_folder
     from hf_vanilla_transformer.tools.ctranslate2_runtime import COMPUTE_TYPES
     from hf_vanilla_transformer.tools.ensemble import MembersDiffer
+    from hf_vanilla_transformer.tools.steering_files import (
+        check_line_counts,
+        check_steering_texts,
+        read_lines,
+        read_steering_files,
+    )
     from hf_vanilla_transformer.tools.translate import (
         OUTPUT_FORMATS,
         Steering,
@@ -31,13 +38,12 @@ def main(argv: list[str] | None = None) -> None:
         check_request,
         check_steering_of,
         format_translations,
-        read_lines,
-        read_steering_files,
         translate_lines_in_full,
         translator_kind,
         translator_loader,
         write_lines,
     )
+    from hf_vanilla_transformer.tools.words import PHRASE_MATCHES
 
     parser = CommandParser(
         prog="vanilla-translate",
@@ -64,6 +70,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--length_penalty", type=finite_float, help="Beam search's α (default: the model's).")
     parser.add_argument("--max_new_tokens", type=positive_int, help="Longest translation, in tokens.")
     parser.add_argument("--batch_size", type=positive_int, default=32, help="Sentences translated together.")
+    parser.add_argument(
+        "--buffer_size",
+        type=positive_int,
+        help="Translate standard input N lines at a time as they come, writing each translation at once (default: 1 "
+        "where standard input is a terminal, else all lines together).",
+    )
     parser.add_argument("--device", type=device_name, help="cpu, cuda, cuda:1, ... (default: cuda if available).")
     parser.add_argument(
         "--threads",
@@ -104,6 +116,19 @@ def main(argv: list[str] | None = None) -> None:
         "[]: none): each translation contains them all (lexically constrained beam search).",
     )
     steer.add_argument(
+        "--avoid",
+        type=input_file,
+        help="File of words or phrases no translation may hold, a JSON string or list of strings a line, for every "
+        "input line.",
+    )
+    steer.add_argument(
+        "--constraint_match",
+        choices=PHRASE_MATCHES,
+        default="word",
+        help="How --constraints and --avoid match. word: whole words only (inside words where the script has no "
+        "spaces: Chinese, Japanese, Thai); subword: anywhere, inside words too.",
+    )
+    steer.add_argument(
         "--alignments",
         action="store_true",
         help="Add the source-target word alignment of each translation (`i-j` pairs, source word first, from 0) "
@@ -125,8 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     fast.add_argument("--intra_threads", type=positive_int, help="Threads per batch (default: 1 on a CPU).")
     args = parser.parse_args(argv)
     check_output_is_not_an_input(
-        parser, args.output, {"input": args.input, "prefix": args.prefix, "constraints": args.constraints}
+        parser,
+        args.output,
+        {"input": args.input, "prefix": args.prefix, "constraints": args.constraints, "avoid": args.avoid},
     )
+    if args.buffer_size and args.input != "-":
+        parser.error("argument --buffer_size: for standard input (--input -); a file is translated whole")
     sampling = {"top_k": args.top_k, "top_p": args.top_p, "temperature": args.temperature}
     if not args.do_sample and any(value is not None for value in sampling.values()):
         flag = next(name for name, value in sampling.items() if value is not None)
@@ -152,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         alignments=args.alignments,
         prefixes=[] if args.prefix else None,
         constraints=[] if args.constraints else None,
+        avoid=[] if args.avoid else None,
+        constraint_match=args.constraint_match,
     )
     try:
         check_request(args.model, steering, generate_kwargs)
@@ -163,24 +194,31 @@ def main(argv: list[str] | None = None) -> None:
         # one intra-op thread by default: torch's threads spin at every barrier, and beside another job a thread
         # that loses its core stalls the rest (bench/bench_threads.py)
         torch.set_num_threads(args.threads or 1)
-        # what the model's folder refuses (a missing package, a device this machine lacks) before the input is
-        # read, and a bad line of input before the model is loaded
+        # a bad steering file first (it is read whole, and cheaply), then what the model's folder refuses (a missing
+        # package, a device this machine lacks) before the input is read, and a bad line of input before the model
+        # is loaded
+        try:
+            steering = read_steering_files(steering, args.prefix, args.constraints, args.avoid)
+        except SteeringError as error:
+            parser.error(str(error))
         load_translator = translator_loader(
             args.model,
             args.device,
             args.dtype,
             threads=args.threads,
-            # alignments read attention weights, which only the eager path returns
-            attn_implementation="eager" if args.alignments and len(args.model) == 1 else None,
             compute_type=args.compute_type,
             inter_threads=args.inter_threads,
             intra_threads=args.intra_threads,
         )
-        lines = read_lines(args.input)
         try:
-            steering = read_steering_files(steering, lines, args.input, args.prefix, args.constraints)
-            if args.prefix or args.constraints:
-                check_steering_of(args.model[0], lines, steering, args.max_new_tokens)
+            if args.prefix or args.constraints or args.avoid:
+                check_steering_texts(load_tokenizer(model_folder(args.model[0])), steering)
+            streaming = args.buffer_size or (args.input == "-" and sys.stdin.isatty())
+            if not streaming:
+                lines = read_lines(args.input)
+                check_line_counts(steering, len(lines), args.input)
+                if args.prefix or args.constraints:  # what fits, and what clashes with --avoid
+                    check_steering_of(args.model[0], lines, steering, args.max_new_tokens)
         except (SteeringError, InputError) as error:
             parser.error(str(error))
         if args.seed is not None:  # before the translator starts: CTranslate2 seeds its workers as it starts them
@@ -193,10 +231,58 @@ def main(argv: list[str] | None = None) -> None:
         if steering.n_best > beams and not args.do_sample:
             generate_kwargs["num_beams"] = steering.n_best
             print(f"{parser.prog}: the beam is raised from {beams} to --n_best {args.n_best}", file=sys.stderr)
+        layout = {"form": args.format, "n_best": args.n_best is not None}
+        if streaming:
+            try:
+                translate_stream(translator, steering, args, generate_kwargs, layout)
+            except (SteeringError, InputError) as error:
+                parser.error(str(error))
+            return
         found = translate_lines_in_full(
             translator, lines, args.batch_size, generate_kwargs, show_progress=args.input != "-", steering=steering
         )
-        write_lines(args.output, format_translations(found, args.format, n_best=args.n_best is not None))
+        write_lines(args.output, format_translations(found, **layout))
+
+
+def translate_stream(translator, steering, args, generate_kwargs: dict, layout: dict) -> None:
+    """Standard input translated `--buffer_size` lines at a time (1 from a terminal) as they come, each batch's
+    output written and flushed at once, so that a program can write a line and wait for its translation; to
+    `--output` a file, the whole output at the end. Per-line files are checked as the input goes."""
+    from hf_vanilla_transformer.files import decoded_lines
+    from hf_vanilla_transformer.tools.steering_files import check_line_counts
+    from hf_vanilla_transformer.tools.translate import format_translations, translate_lines_in_full, write_lines
+
+    size, buffered, written, kept = args.buffer_size or 1, [], 0, []
+
+    def flush() -> None:
+        nonlocal written
+        check_line_counts(steering, written + len(buffered), "standard input", complete=False)
+        found = translate_lines_in_full(
+            translator,
+            buffered,
+            args.batch_size,
+            generate_kwargs,
+            show_progress=False,
+            steering=steering.lines(written, written + len(buffered)),
+        )
+        lines = format_translations(found, first=written, **layout)
+        if args.output == "-":
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            sys.stdout.flush()
+        else:
+            kept.extend(lines)
+        written += len(buffered)
+        buffered.clear()
+
+    for _, line in decoded_lines(sys.stdin.buffer, "standard input"):
+        buffered.append(line.rstrip("\r\n"))
+        if len(buffered) == size:
+            flush()
+    if buffered:
+        flush()
+    check_line_counts(steering, written, "standard input")
+    if args.output != "-":
+        write_lines(args.output, kept)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Terminology constraints: beam search whose every output contains given target phrases.
+"""Terminology constraints: beam search whose every output holds given target words or phrases.
 
 Lexically constrained decoding with dynamic beam allocation (Post & Vilar, 2018, "Fast Lexically Constrained
 Decoding with Dynamic Beam Allocation for Neural Machine Translation"), vectorised over sentences and beams as Hu et
@@ -6,16 +6,21 @@ al. (2019) do, with fairseq's `LexicallyConstrainedBeamSearch` as the reference 
 removed constrained beam search, so this is a search of its own over the model's public forward: the encoder runs
 once, and the decoder reads its `EncoderDecoderCache`, reordered between steps with `reorder_cache`.
 
-Without constraints it is transformers' beam search, token for token and score for score (candidates, finished
-hypotheses, length penalty and stopping rule as `generate(num_beams=...)` has them), save that a sentence whose
-search is over leaves the batch, which saves the time of long searches but may round scores differently. With
-constraints each step also considers, for every hypothesis, the tokens that start or continue an unmet phrase
-(Post & Vilar, Section 3), and fills the beam round-robin from banks of hypotheses that have met equally many
-constraint tokens.
+A sentence is searched first without its constraints: that search is transformers' beam search, token for token and
+score for score (candidates, finished hypotheses, length penalty and stopping rule as `generate(num_beams=...)` has
+them), save that a sentence whose search is over leaves the batch, which saves the time of long searches but may
+round scores differently. Where its best translation already holds every phrase, that translation stands. Otherwise
+the sentence is searched again with its constraints, on a wider beam (`constrained_beams`): each step also
+considers, for every hypothesis, the tokens that start or continue an unmet phrase (Post & Vilar, Section 3), and
+fills the beam round-robin from banks of hypotheses that have met equally many constraint tokens, the bank of those
+that have met none first. A phrase is met as whole words (tools/words.py): it starts where a word may and the token
+after it does not go on with its last word; a hypothesis that leaves a phrase unfinished, or glues a word to it,
+drops it and goes back to the bank of what it has met.
 
-    tokens = constraint_token_ids(tokenizer, ["Hund", "Schnee"])
+    words = TokenWords.of(tokenizer, model.config.vocab_size)
+    phrases = encode_phrases(tokenizer, ["Hund", "Schnee"], "word", words)
     batch = tokenizer(["A dog runs in the snow."], return_tensors="pt")
-    output = constrained_beam_search(model, batch["input_ids"], batch["attention_mask"], [tokens])
+    output = constrained_beam_search(model, batch["input_ids"], batch["attention_mask"], [phrases], words)
     tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
 """
 
@@ -23,6 +28,7 @@ import dataclasses
 import math
 
 import torch
+from transformers.generation import LogitsProcessorList
 from transformers.modeling_outputs import BaseModelOutput
 
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
@@ -31,24 +37,18 @@ from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     source_length_limit,
 )
 from hf_vanilla_transformer.model.pipeline_translation import SequenceScore, generated_length, scored
+from hf_vanilla_transformer.tools.words import Phrase, TokenWords
 
 # transformers' beam search marks finished or impossible candidates with this score instead of -inf, so that its
 # arithmetic stays finite; the search below does the same where it must rank as transformers does
 BEAM_SEARCH_PENALTY = -1.0e9
 
 
-def constraint_token_ids(tokenizer, phrases: list[str]) -> list[list[int]]:
-    """Each phrase's tokens as it appears inside a target sentence, after a space: with byte-level BPE a word there
-    is spelled `Ġword`, not `word` as at a sentence's start. A leading token that is whitespace alone is left out,
-    so that a phrase of a language written without spaces (Chinese) matches inside a word. A phrase without tokens
-    raises ValueError naming it."""
-    if not phrases:
-        return []
-    empty = [phrase for phrase in phrases if not phrase.strip()]
-    if empty:
-        raise ValueError(f"constraint {empty[0]!r} has no tokens")
-    encoded = tokenizer(text_target=[" " + phrase.strip() for phrase in phrases], add_special_tokens=False)
-    return [ids[1:] if len(ids) > 1 and not tokenizer.decode(ids[:1]).strip() else ids for ids in encoded["input_ids"]]
+def constrained_beams(num_beams: int, tokens: int) -> int:
+    """The beam a sentence whose constraints are `tokens` tokens long is searched with again: wide enough that every
+    bank (0 to `tokens` constraint tokens met) keeps a hypothesis and one more, and never narrower than `num_beams`
+    (Post & Vilar's beams grow with the constraints; chosen on the validation set, BENCHMARKS.md)."""
+    return max(num_beams, tokens + 2)
 
 
 @dataclasses.dataclass
@@ -58,109 +58,219 @@ class ConstrainedBeamSearchOutput:
     sequences: `decoder_start_token_id`, the tokens, `</s>` (missing only where `max_new_tokens` cut the hypothesis,
         as in `generate()`), then padding.
     sequences_scores: the ranking score of transformers' beam search: log_prob_sums / generated_length **
-        length_penalty, the length counting `</s>`.
+        length_penalty, the length counting `</s>`; -inf in a row that holds no hypothesis (`found`).
     token_log_probs: the model's log-probability of each generated token (log-softmax of its logits), 0 after the end.
     log_prob_sums: their sum.
+    found: whether the row holds a hypothesis: a sentence may have fewer hypotheses that meet its constraints than
+        `num_return_sequences`.
     """
 
     sequences: torch.LongTensor
     sequences_scores: torch.FloatTensor
     token_log_probs: torch.FloatTensor
     log_prob_sums: torch.FloatTensor
+    found: torch.BoolTensor
 
-    def sequence_scores(self, eos_token_id: int, length_penalty: float | None) -> list[SequenceScore]:
+    def sequence_scores(self, eos_token_id: int, length_penalty: float | None) -> list[SequenceScore | None]:
         """Each row's `SequenceScore` (as `sequence_scores` gives generate()'s): its tokens up to `</s>`, their
-        log-probabilities, and the score the search ranked it by."""
+        log-probabilities, and the score the search ranked it by; None for a row that holds no hypothesis."""
         ends = torch.tensor([eos_token_id])
         scores = []
-        for tokens, log_probs, score in zip(
-            self.sequences[:, 1:].cpu(), self.token_log_probs.cpu(), self.sequences_scores.tolist(), strict=True
+        for tokens, log_probs, score, found in zip(
+            self.sequences[:, 1:].cpu(),
+            self.token_log_probs.cpu(),
+            self.sequences_scores.tolist(),
+            self.found.tolist(),
+            strict=True,
         ):
             length = generated_length(tokens, ends)
             scores.append(scored(tokens[:length].tolist(), log_probs[:length].tolist(), length_penalty, score))
+            if not found:
+                scores[-1] = None
         return scores
 
 
 @dataclasses.dataclass
 class ConstraintTables:
-    """Each sentence's phrases as tensors: `tokens` (sentences, phrases, longest phrase; -1 past a phrase's end),
-    `lengths` (0 for the slots of sentences with fewer phrases), and `shared_prefix[s, p, j, q]`: phrase j is longer
-    than q tokens and its first q tokens are phrase p's first q, so a hypothesis q tokens into p may go on with j."""
+    """Each sentence's phrases as tensors, a slot per form (a token sequence that writes a phrase, `Phrase.forms`):
+    `tokens` (sentences, forms, longest form; -1 past a form's end), `lengths` (0 for the slots of sentences with
+    fewer forms), `phrase` (the index of the phrase a form writes), `opens` and `closes` (its word boundaries),
+    `shortest` (sentences, phrases: the fewest tokens that write each phrase; 0 for a missing one), and
+    `shared_prefix[s, f, g, q]`: form g is longer than q tokens and its first q tokens are form f's first q, so a
+    hypothesis q tokens into f may go on with g. `words` tells which tokens go on with a word (None: no phrase has
+    word boundaries)."""
 
     tokens: torch.LongTensor
     lengths: torch.LongTensor
+    phrase: torch.LongTensor
+    opens: torch.BoolTensor
+    closes: torch.BoolTensor
+    shortest: torch.LongTensor
     shared_prefix: torch.BoolTensor
+    words: TokenWords | None
 
     @classmethod
-    def build(cls, constraints: list[list[list[int]]], device: torch.device) -> "ConstraintTables":
-        phrases = max(1, max(map(len, constraints)))  # one empty slot at least, so that no dimension is 0
-        longest = max([1, *(len(phrase) for sentence in constraints for phrase in sentence)])
-        tokens = torch.full((len(constraints), phrases, longest), -1, dtype=torch.long)
-        for sentence, sentence_phrases in enumerate(constraints):
-            for slot, phrase in enumerate(sentence_phrases):
-                tokens[sentence, slot, : len(phrase)] = torch.tensor(phrase, dtype=torch.long)
+    def build(
+        cls, constraints: list[list[Phrase]], words: TokenWords | None, device: torch.device
+    ) -> "ConstraintTables":
+        forms = [
+            [
+                (index, form, opens, phrase.closes)
+                for index, phrase in enumerate(sentence)
+                for form, opens in zip(phrase.forms, phrase.opens, strict=True)
+            ]
+            for sentence in constraints
+        ]
+        slots = max(1, max(map(len, forms)))  # one empty slot at least, so that no dimension is 0
+        phrases = max(1, max(map(len, constraints)))
+        longest = max([1, *(len(form) for sentence in forms for _, form, _, _ in sentence)])
+        tokens = torch.full((len(constraints), slots, longest), -1, dtype=torch.long)
+        phrase_of = torch.zeros(len(constraints), slots, dtype=torch.long)
+        opens = torch.zeros(len(constraints), slots, dtype=torch.bool)
+        closes = torch.zeros(len(constraints), slots, dtype=torch.bool)
+        shortest = torch.zeros(len(constraints), phrases, dtype=torch.long)
+        for sentence, (sentence_forms, sentence_phrases) in enumerate(zip(forms, constraints, strict=True)):
+            for slot, (index, form, form_opens, form_closes) in enumerate(sentence_forms):
+                tokens[sentence, slot, : len(form)] = torch.tensor(form, dtype=torch.long)
+                phrase_of[sentence, slot], opens[sentence, slot], closes[sentence, slot] = (
+                    index,
+                    form_opens,
+                    form_closes,
+                )
+            for index, phrase in enumerate(sentence_phrases):
+                shortest[sentence, index] = phrase.shortest
+        if words is None and (opens.any() or closes.any()):
+            raise ValueError("phrases matched as whole words need the tokenizer's TokenWords (words=...)")
         lengths = (tokens >= 0).sum(-1)
-        # equal[s, p, j, i]: phrases p and j agree at position i; a prefix is shared while all positions before agree
+        # equal[s, f, g, i]: forms f and g agree at position i; a prefix is shared while all positions before agree
         equal = tokens[:, :, None, :] == tokens[:, None, :, :]
         agree_before = torch.cat([torch.ones_like(equal[..., :1]), equal.cumprod(-1).bool()], dim=-1)
         longer = lengths[:, None, :, None] > torch.arange(longest + 1)
-        return cls(tokens.to(device), lengths.to(device), (agree_before & longer).to(device))
+        return cls(
+            tokens.to(device),
+            lengths.to(device),
+            phrase_of.to(device),
+            opens.to(device),
+            closes.to(device),
+            shortest.to(device),
+            (agree_before & longer).to(device),
+            None if words is None else words.to(device),
+        )
 
     def total_lengths(self) -> torch.LongTensor:
-        return self.lengths.sum(-1)
+        """The fewest constraint tokens that meet all of each sentence's phrases."""
+        return self.shortest.sum(-1)
+
+    def joins(self, token: torch.LongTensor) -> torch.BoolTensor:
+        """Whether each token goes on with a word it follows."""
+        return torch.zeros_like(token, dtype=torch.bool) if self.words is None else self.words.joins[token]
+
+    def ends_in_word(self, token: torch.LongTensor) -> torch.BoolTensor:
+        """Whether a word may go on after each token: where none may, a form that starts a word may start."""
+        return torch.zeros_like(token, dtype=torch.bool) if self.words is None else self.words.ends_in_word[token]
 
 
 @dataclasses.dataclass
 class ConstraintState:
-    """Where each hypothesis stands (Post & Vilar's constraint coverage): `met` phrases (empty slots count as met),
-    and `progress` tokens into phrase `phrase`, the one it is in the middle of (0: none). Rows belong to sentences
-    `sentence`."""
+    """Where each hypothesis stands (Post & Vilar's constraint coverage): the phrases it has `met` (missing ones
+    count as met), and `progress` tokens into form `form`, the one it is in the middle of (0: none). A form whose
+    phrase `closes` stays at its full length until the next token: met if that token does not go on with its last
+    word, dropped if it does. Rows belong to sentences `sentence`."""
 
     sentence: torch.LongTensor
     met: torch.BoolTensor
-    phrase: torch.LongTensor
+    form: torch.LongTensor
     progress: torch.LongTensor
 
     @classmethod
     def start(cls, tables: ConstraintTables, sentence: torch.LongTensor) -> "ConstraintState":
         zeros = torch.zeros_like(sentence)
-        return cls(sentence, tables.lengths[sentence] == 0, zeros, zeros)
+        return cls(sentence, tables.shortest[sentence] == 0, zeros, zeros)
 
     def select(self, rows: torch.LongTensor) -> "ConstraintState":
-        return ConstraintState(self.sentence[rows], self.met[rows], self.phrase[rows], self.progress[rows])
+        return ConstraintState(self.sentence[rows], self.met[rows], self.form[rows], self.progress[rows])
 
-    def unmet_tokens(self, tables: ConstraintTables) -> torch.LongTensor:
-        """Tokens of the unmet phrases: what a hypothesis that drops its phrase in progress still has to write."""
-        return (tables.lengths[self.sentence] * ~self.met).sum(-1)
+    def current_phrase(self, tables: ConstraintTables) -> torch.LongTensor:
+        return tables.phrase[self.sentence, self.form]
+
+    def pending(self, tables: ConstraintTables) -> torch.BoolTensor:
+        """Whether the hypothesis has just written all of a form whose phrase waits for the word's end."""
+        return (self.progress > 0) & (self.progress == tables.lengths[self.sentence, self.form])
+
+    def unmet_tokens(self, tables: ConstraintTables, met: torch.BoolTensor | None = None) -> torch.LongTensor:
+        """The fewest tokens that write the phrases not `met` (default: the state's)."""
+        met = self.met if met is None else met
+        return (tables.shortest[self.sentence] * ~met).sum(-1)
 
     def need(self, tables: ConstraintTables) -> torch.LongTensor:
-        """The fewest tokens that still meet every constraint: the rest of the phrase in progress, then the others."""
-        return self.unmet_tokens(tables) - self.progress
+        """The fewest tokens that still meet every constraint: the rest of the form in progress (or, if fewer, the
+        phrase written anew), then the others."""
+        unmet = self.unmet_tokens(tables)
+        own = tables.shortest[self.sentence, self.current_phrase(tables)]
+        rest = tables.lengths[self.sentence, self.form] - self.progress
+        return torch.where(self.progress > 0, unmet - own + torch.minimum(rest, own), unmet)
 
-    def next_tokens(self, tables: ConstraintTables) -> torch.LongTensor:
-        """(rows, 2 x phrases): each phrase's token after the current progress, then each phrase's first token (-1
-        where there is none): every token that can start or continue a constraint (fairseq's `next_tokens`)."""
+    def next_tokens(self, tables: ConstraintTables, may_open: torch.BoolTensor) -> torch.LongTensor:
+        """(rows, 2 x forms): each form's token after the current progress, then the first token of each form that
+        may start here (its phrase unmet; one that starts a word only where `may_open`), -1 where there is none:
+        every token that can start or continue a constraint (fairseq's `next_tokens`)."""
         tokens = tables.tokens[self.sentence]
         position = self.progress.clamp(max=tokens.shape[-1] - 1)[:, None, None].expand(-1, tokens.shape[1], 1)
-        return torch.cat([tokens.gather(2, position).squeeze(2), tokens[:, :, 0]], dim=1)
+        unmet = ~self.met.gather(1, tables.phrase[self.sentence])
+        startable = unmet & (~tables.opens[self.sentence] | may_open[:, None])
+        firsts = torch.where(startable, tokens[:, :, 0], -1)
+        return torch.cat([tokens.gather(2, position).squeeze(2), firsts], dim=1)
 
-    def advance(self, tables: ConstraintTables, token: torch.LongTensor) -> "ConstraintState":
-        """The state after `token` (one per row): it continues the phrase in progress, or a phrase sharing its
-        start; else it drops the progress and may start an unmet phrase. Progress goes one phrase at a time, so a
-        phrase counts as met only where it is a contiguous run of its own tokens."""
+    def advance(
+        self, tables: ConstraintTables, token: torch.LongTensor, may_open: torch.BoolTensor
+    ) -> "ConstraintState":
+        """The state after `token` (one per row; `may_open`: whether a word may start before it). A form written
+        whole whose phrase waits for the word's end is met if `token` does not go on with that word, else dropped.
+        Then `token` continues the form in progress, or a form sharing its start; else it drops the progress and
+        may start a form of an unmet phrase. Progress goes one form at a time, so a phrase counts as met only where
+        it is a contiguous run of one form's tokens."""
+        sentence_phrase = tables.phrase[self.sentence]
+        pending = self.pending(tables)
+        slots = self.met.shape[1]
+        ended = pending & ~tables.joins(token)
+        met = self.met | (torch.nn.functional.one_hot(self.current_phrase(tables), slots).bool() & ended[:, None])
+        progress = torch.where(pending, 0, self.progress)
         tokens = tables.tokens[self.sentence]
-        unmet = ~self.met
-        position = self.progress.clamp(max=tokens.shape[-1] - 1)[:, None, None].expand(-1, tokens.shape[1], 1)
-        shares_prefix = tables.shared_prefix[self.sentence, self.phrase, :, self.progress]
+        unmet = ~met.gather(1, sentence_phrase)
+        position = progress.clamp(max=tokens.shape[-1] - 1)[:, None, None].expand(-1, tokens.shape[1], 1)
+        shares_prefix = tables.shared_prefix[self.sentence, self.form, :, progress]
         continues = unmet & shares_prefix & (tokens.gather(2, position).squeeze(2) == token[:, None])
-        continues &= (self.progress > 0)[:, None]
-        starts = unmet & (tokens[:, :, 0] == token[:, None])
+        continues &= (progress > 0)[:, None]
+        starts = unmet & (tokens[:, :, 0] == token[:, None]) & (~tables.opens[self.sentence] | may_open[:, None])
         does_continue = continues.any(-1)
-        phrase = torch.where(does_continue, continues.int().argmax(-1), starts.int().argmax(-1))
-        progress = torch.where(does_continue, self.progress + 1, starts.any(-1).long())
-        completes = (progress > 0) & (progress == tables.lengths[self.sentence].gather(1, phrase[:, None]).squeeze(1))
-        met = self.met | (torch.nn.functional.one_hot(phrase, tokens.shape[1]).bool() & completes[:, None])
-        return ConstraintState(self.sentence, met, phrase, torch.where(completes, 0, progress))
+        form = torch.where(does_continue, continues.int().argmax(-1), starts.int().argmax(-1))
+        progress = torch.where(does_continue, progress + 1, starts.any(-1).long())
+        completes = (progress > 0) & (progress == tables.lengths[self.sentence].gather(1, form[:, None]).squeeze(1))
+        completes &= ~tables.closes[self.sentence].gather(1, form[:, None]).squeeze(1)
+        phrase = sentence_phrase.gather(1, form[:, None]).squeeze(1)
+        met = met | (torch.nn.functional.one_hot(phrase, slots).bool() & completes[:, None])
+        return ConstraintState(self.sentence, met, form, torch.where(completes, 0, progress))
+
+    def meets_all(self) -> torch.BoolTensor:
+        return self.met.all(-1)
+
+
+def meet_constraints(
+    tables: ConstraintTables, sentence: torch.LongTensor, tokens: torch.LongTensor
+) -> torch.BoolTensor:
+    """Whether each row of `tokens` (generated tokens, `</s>` and padding after them), a hypothesis of sentence
+    `sentence`, meets all its constraints, read as the search reads them."""
+    state = ConstraintState.start(tables, sentence)
+    may_open = torch.ones_like(sentence, dtype=torch.bool)
+    for column in tokens.T:
+        state = state.advance(tables, column, may_open)
+        may_open = ~tables.ends_in_word(column)
+    # a hypothesis cut without `</s>` that ends on a phrase's last word: nothing went on with it
+    ended = state.pending(tables)
+    met = state.met | (
+        torch.nn.functional.one_hot(state.current_phrase(tables), state.met.shape[1]).bool() & ended[:, None]
+    )
+    return met.all(-1)
 
 
 def allowed_tokens(
@@ -170,6 +280,7 @@ def allowed_tokens(
     room_left: torch.LongTensor,
     vocab_size: int,
     eos: int,
+    may_open: torch.BoolTensor,
 ) -> torch.BoolTensor:
     """(rows, vocabulary): the tokens after which a hypothesis can still meet all its constraints in the room it
     has left (`room_left`: tokens before `</s>` it may still write after this one); `next_tokens` are the state's.
@@ -178,11 +289,18 @@ def allowed_tokens(
     Post & Vilar let a hypothesis run out of room; here the last free steps are spent on constraint tokens, so
     every hypothesis that survives meets its constraints."""
     room_left = room_left[:, None]
-    allowed = (state.unmet_tokens(tables)[:, None] <= room_left).expand(-1, vocab_size).clone()
+    # a token that neither continues nor starts a form drops the one in progress; one written whole is met if the
+    # token does not go on with its word
+    slots = state.met.shape[1]
+    ended = state.pending(tables)[:, None] & torch.nn.functional.one_hot(state.current_phrase(tables), slots).bool()
+    if_joins = state.unmet_tokens(tables)[:, None] <= room_left
+    if_ends = state.unmet_tokens(tables, state.met | ended)[:, None] <= room_left
+    joins = tables.joins(torch.arange(vocab_size, device=room_left.device))
+    allowed = torch.where(joins[None, :], if_joins, if_ends)
     # a slot without a token is checked as `</s>`, whose column is set last
     candidates = torch.where(next_tokens >= 0, next_tokens, eos)
     rows = torch.arange(len(candidates), device=candidates.device).repeat_interleave(candidates.shape[1])
-    after = state.select(rows).advance(tables, candidates.flatten())
+    after = state.select(rows).advance(tables, candidates.flatten(), may_open[rows])
     allowed.scatter_(1, candidates, (after.need(tables).view_as(candidates) <= room_left))
     allowed[:, eos] = state.need(tables) == 0
     return allowed
@@ -235,11 +353,13 @@ def step_candidates(
 def allocate_beam(banks: torch.LongTensor, eligible: torch.BoolTensor, beams: int, most: int) -> torch.LongTensor:
     """Dynamic beam allocation (Post & Vilar, Section 3.1; fairseq's stripes): `beams` candidates per sentence out of
     the eligible ones (best first), the best of each bank (candidates that have met equally many constraint tokens,
-    `most` at most), most advanced bank first, then each bank's second best, and so on. A bank without candidates
-    leaves its share to the others; without constraints there is one bank, and this is plain top-k."""
+    `most` at most), then each bank's second best, and so on. In each round the bank of candidates that have met
+    nothing goes first, so that a hypothesis need not start a constraint at once, then the most advanced bank and
+    down. A bank without candidates leaves its share to the others; without constraints there is one bank, and this
+    is plain top-k."""
     counts = torch.nn.functional.one_hot(banks, most + 1) * eligible[..., None]
     rank_in_bank = counts.cumsum(1).gather(2, banks[..., None]).squeeze(-1) - 1
-    stripe = rank_in_bank * (most + 1) + (most - banks)
+    stripe = rank_in_bank * (most + 1) + torch.where(banks == 0, 0, most + 1 - banks)
     order = torch.arange(banks.shape[1], device=banks.device)
     key = torch.where(eligible, stripe, stripe.numel() * (most + 2) + order)
     return key.sort(dim=1, stable=True).indices[:, :beams]
@@ -285,21 +405,29 @@ def source_limits(model, attention_mask: torch.LongTensor) -> torch.LongTensor |
     return None if limit is None else limit.max_new_tokens
 
 
-def check_constraints(constraints: list[list[list[int]]], room: list[int], vocab_size: int, settings: Settings) -> None:
+def as_phrases(constraints: list[list[Phrase | list[int]]]) -> list[list[Phrase]]:
+    """Phrases as given, or token ids made phrases (`Phrase.of_tokens`)."""
+    return [[p if isinstance(p, Phrase) else Phrase.of_tokens(list(p)) for p in phrases] for phrases in constraints]
+
+
+def check_constraints(constraints: list[list[Phrase]], room: list[int], vocab_size: int, settings: Settings) -> None:
     """Bad constraints raise ValueError naming the sentence and the phrase, before any decoding."""
     if len(constraints) != len(room):
         raise ValueError(f"{len(constraints)} constraint lists for {len(room)} sentences")
     for sentence, phrases in enumerate(constraints):
         for phrase in phrases:
-            if not phrase:
-                raise ValueError(f"sentence {sentence}: a constraint has no tokens")
-            if any(not 0 <= token < vocab_size or token in (settings.eos, settings.pad) for token in phrase):
-                raise ValueError(f"sentence {sentence}: constraint {phrase} has a special token or one out of range")
-        needed = sum(map(len, phrases))
+            for form in phrase.forms:
+                if not form:
+                    raise ValueError(f"sentence {sentence}: a constraint has no tokens")
+                if any(not 0 <= token < vocab_size or token in (settings.eos, settings.pad) for token in form):
+                    raise ValueError(
+                        f"sentence {sentence}: constraint {list(form)} has a special token or one out of range"
+                    )
+        needed = sum(phrase.shortest for phrase in phrases)
         if needed > room[sentence]:
             raise ValueError(
-                f"sentence {sentence}: constraints {phrases} need {needed} tokens, but its length limit leaves room "
-                f"for {int(room[sentence])}"
+                f"sentence {sentence}: constraints {[phrase.text for phrase in phrases]} need {needed} tokens, but its "
+                f"length limit leaves room for {int(room[sentence])}"
             )
 
 
@@ -357,6 +485,17 @@ class Finished:
     def sentences(self, index: torch.LongTensor) -> "Finished":
         return Finished(self.hypotheses.of_sentences(index), self.lengths[index], self.found[index])
 
+    def first(self, count: int) -> "Finished":
+        """Each sentence's `count` best."""
+        index = torch.arange(count, device=self.found.device)[None].expand(len(self.found), -1)
+        return Finished(self.hypotheses.take(index), self.lengths[:, :count], self.found[:, :count])
+
+    def keeping(self, kept: torch.BoolTensor) -> "Finished":
+        """Only the `kept` hypotheses, each sentence's still best first, the others after them as not found."""
+        found = self.found & kept
+        order = (~found).int().sort(dim=1, stable=True).indices
+        return Finished(self.hypotheses.take(order), self.lengths.gather(1, order), found.gather(1, order))
+
     def store(self, index: torch.LongTensor, other: "Finished") -> None:
         """Puts `other`'s sentences in place of sentences `index`."""
         for field in dataclasses.fields(Hypotheses):
@@ -375,13 +514,16 @@ class Running:
     state: ConstraintState
 
     @classmethod
-    def start(cls, tables: ConstraintTables, beams: int, settings: Settings, device: torch.device) -> "Running":
-        sentences = len(tables.lengths)
+    def start(
+        cls, tables: ConstraintTables, chosen: torch.LongTensor, beams: int, settings: Settings, device: torch.device
+    ) -> "Running":
+        """The beams of sentences `chosen` (their indices into `tables`) before the first step."""
+        sentences = len(chosen)
         hypotheses = Hypotheses.empty(sentences, beams, settings, device)
         hypotheses.scores[:, 0] = 0.0  # all beams start alike: only the first is extended, as in transformers
         alive = torch.zeros(sentences, beams, dtype=torch.bool, device=device)
         alive[:, 0] = True
-        state = ConstraintState.start(tables, torch.arange(sentences, device=device).repeat_interleave(beams))
+        state = ConstraintState.start(tables, chosen.repeat_interleave(beams))
         return cls(hypotheses, alive, state)
 
     def sentences(self, index: torch.LongTensor) -> "Running":
@@ -395,52 +537,104 @@ def constrained_beam_search(
     model,
     input_ids: torch.LongTensor,
     attention_mask: torch.LongTensor,
-    constraints: list[list[list[int]]],
+    constraints: list[list[Phrase | list[int]]],
+    words: TokenWords | None = None,
     num_beams: int | None = None,
     length_penalty: float | None = None,
     max_new_tokens: int | None = None,
     num_return_sequences: int = 1,
+    constrained_num_beams: int | None = None,
+    logits_processor: LogitsProcessorList | None = None,
 ) -> ConstrainedBeamSearchOutput:
-    """Beam search in which every returned hypothesis of sentence i contains each of `constraints[i]` (token ids,
-    `constraint_token_ids`) as a contiguous run of tokens, in any order (Post & Vilar's dynamic beam allocation).
+    """Beam search in which every returned hypothesis of sentence i holds each of `constraints[i]` (`Phrase`s from
+    `encode_phrases`, matched as their forms and word boundaries say, with `words` the tokenizer's `TokenWords`; or
+    lists of token ids, matched as those tokens anywhere), in any order.
 
-    `num_beams`, `length_penalty` (and `early_stopping`) default to the model's generation config, as in
-    `generate()`; each sentence ends by Section 6.1's limit, its source length + `max_new_tokens_over_source` tokens
-    (`</s>` included), and after `max_new_tokens` (default: as the generation config's `max_length` allows), within
-    `max_position_embeddings`. Other settings of the generation config (repetition penalties, forced tokens, ...)
-    are not applied. Without constraints the output is `generate()`'s beam search, token for token and score for
-    score, except that a sentence whose search is over leaves the batch (`generate()` goes on computing it): the
-    others' matrix products then run over fewer rows, which may round a score differently in its last bit.
+    Each sentence is first searched without its constraints: transformers' beam search with `num_beams`,
+    `length_penalty` (and `early_stopping`) from the call or the model's generation config, as in `generate()`.
+    Where the best hypothesis meets every constraint (or there are none), that search's hypotheses that meet them
+    are the result: a translation that already holds its terms is left as it was, and its rows that lack one are
+    not returned (`found`). Other sentences are searched again with their constraints on a beam of
+    `constrained_num_beams` (default: `constrained_beams` of the constraints' length) by dynamic beam allocation.
+
+    Each sentence ends by Section 6.1's limit, its source length + `max_new_tokens_over_source` tokens (`</s>`
+    included), and after `max_new_tokens` (default: as the generation config's `max_length` allows), within
+    `max_position_embeddings`. `logits_processor` (processors that read each row's own tokens only, such as
+    `AvoidLogitsProcessor`) changes the log-probabilities the search ranks by; other settings of the generation
+    config (repetition penalties, forced tokens, ...) are not applied. A sentence whose search is over leaves the
+    batch (`generate()` goes on computing it): the others' matrix products then run over fewer rows, which may round
+    a score differently in its last bit.
 
     `</s>` is barred while a hypothesis has unmet constraints, and once the room left is just enough for the
-    constraint tokens still missing, only those are allowed, so every hypothesis kept meets its constraints. The
-    beam is shared round-robin among banks of hypotheses that have met equally many constraint tokens; with
-    `num_beams` no larger than the constraint tokens, some banks get no beam in a step (the most advanced go
-    first, as with fairseq's and Post & Vilar's banks), which narrows the search but loses no constraint. A
-    sentence whose constraints allow fewer than `num_return_sequences` hypotheses gets, in the missing rows, score
-    -inf and no tokens. Constraints that cannot fit in a sentence's limit raise ValueError before any decoding.
+    constraint tokens still missing, only those are allowed, so every hypothesis kept meets its constraints. A
+    sentence searched with its constraints starts with no space and writes no special token but `</s>`.
+    Constraints that cannot fit in a sentence's limit raise ValueError before any decoding.
     """
     settings = Settings.of(model, num_beams, length_penalty, max_new_tokens)
-    beams, cap = settings.num_beams, settings.max_new_tokens
-    if num_return_sequences > beams:
-        raise ValueError(f"num_return_sequences {num_return_sequences} is more than num_beams {beams}")
+    if num_return_sequences > settings.num_beams:
+        raise ValueError(f"num_return_sequences {num_return_sequences} is more than num_beams {settings.num_beams}")
+    constraints = as_phrases(constraints)
     sentences, device = input_ids.shape[0], input_ids.device
     limits = source_limits(model, attention_mask)
     # the most tokens before `</s>`: one fewer than the source rule's limit, or as many as `max_new_tokens`, which
     # cuts a hypothesis without `</s>`
+    cap = settings.max_new_tokens
     room = torch.full((sentences,), cap, device=device) if limits is None else (limits - 1).clamp(max=cap)
     check_constraints(constraints, room.tolist(), model.config.vocab_size, settings)
-    tables = ConstraintTables.build(constraints, device)
-    most = int(tables.total_lengths().max())
+    tables = ConstraintTables.build(constraints, words, device)
+    processors = logits_processor or LogitsProcessorList()
 
     encoder_states = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    everyone = torch.arange(sentences, device=device)
+    unconstrained = ConstraintTables.build([[] for _ in range(sentences)], None, device)
+    plain = search(model, encoder_states, attention_mask, everyone, unconstrained, room, limits, settings, processors)
+    results = plain.first(num_return_sequences)
+    longest = int(results.lengths.max())
+    tokens = results.hypotheses.sequences[:, :, 1 : longest + 1].flatten(0, 1)
+    meets = meet_constraints(tables, everyone.repeat_interleave(num_return_sequences), tokens)
+    results = results.keeping(meets.view_as(results.found))
+    again = [index for index in range(sentences) if constraints[index] and not results.found[index, 0]]
+    groups: dict[int, list[int]] = {}
+    for index in again:
+        beams = constrained_num_beams or constrained_beams(settings.num_beams, int(tables.total_lengths()[index]))
+        groups.setdefault(max(beams, num_return_sequences), []).append(index)
+    for beams, members in sorted(groups.items()):
+        chosen = torch.tensor(members, device=device)
+        wider = dataclasses.replace(settings, num_beams=beams)
+        found = search(model, encoder_states, attention_mask, chosen, tables, room, limits, wider, processors)
+        results.store(chosen, found.first(num_return_sequences))
+    return best_hypotheses(results, num_return_sequences)
+
+
+def search(
+    model,
+    encoder_states: torch.FloatTensor,
+    attention_mask: torch.LongTensor,
+    chosen: torch.LongTensor,
+    tables: ConstraintTables,
+    room: torch.LongTensor,
+    limits: torch.LongTensor | None,
+    settings: Settings,
+    processors: LogitsProcessorList,
+) -> "Finished":
+    """The beam search of the sentences `chosen` (indices into the batch and `tables`; `encoder_states`, the
+    encoder's output for the batch), `settings.num_beams` wide: each one's finished hypotheses, best first
+    (`update_finished`)."""
+    beams, cap, device = settings.num_beams, settings.max_new_tokens, attention_mask.device
+    attention_mask, encoder_states = attention_mask[chosen], encoder_states[chosen]
+    columns = attention_mask.bool().any(0)  # without the padding no chosen sentence needs
+    attention_mask, encoder_states = attention_mask[:, columns], encoder_states[:, columns]
+    room, limits = room[chosen], None if limits is None else limits[chosen]
+    most = int(tables.total_lengths()[chosen].max())
+    constrained = (tables.total_lengths()[chosen] > 0).repeat_interleave(beams)
+
     encoder_states = encoder_states.repeat_interleave(beams, 0)
     beam_attention_mask = attention_mask.repeat_interleave(beams, 0)
-    searching = torch.arange(sentences, device=device)  # the sentences still searched, by their index in the batch
-    running = Running.start(tables, beams, settings, device)
-    finished = Finished.empty(sentences, beams, settings, device)
-    results = Finished.empty(sentences, beams, settings, device)
-    may_improve = torch.ones(sentences, 1, dtype=torch.bool, device=device)
+    searching = torch.arange(len(chosen), device=device)  # the sentences still searched, by their index in `chosen`
+    running = Running.start(tables, chosen, beams, settings, device)
+    finished = Finished.empty(len(chosen), beams, settings, device)
+    results = Finished.empty(len(chosen), beams, settings, device)
+    may_improve = torch.ones(len(chosen), 1, dtype=torch.bool, device=device)
     cache = None
     for step in range(1, cap + 1):
         output = model(
@@ -452,22 +646,28 @@ def constrained_beam_search(
         )
         cache = getattr(output, CACHE_NAME)
         log_probs = torch.log_softmax(output.logits[:, -1].float(), dim=-1)
+        written = running.hypotheses.sequences.flatten(0, 1)[:, :step]
         if limits is not None:
-            length_limit = SourceLengthLimitLogitsProcessor(limits[searching], settings.eos, 1)
-            log_probs = length_limit(running.hypotheses.sequences.flatten(0, 1)[:, :step], log_probs)
+            log_probs = SourceLengthLimitLogitsProcessor(limits[searching], settings.eos, 1)(written, log_probs)
+        log_probs = processors(written, log_probs)
         state = running.state
-        next_tokens = state.next_tokens(tables)
-        room_left = room[state.sentence] - step
-        allowed = allowed_tokens(state, tables, next_tokens, room_left, log_probs.shape[-1], settings.eos)
+        may_open = ~tables.ends_in_word(written[:, -1])
+        next_tokens = state.next_tokens(tables, may_open)
+        room_left = room[searching].repeat_interleave(beams) - step
+        allowed = allowed_tokens(state, tables, next_tokens, room_left, log_probs.shape[-1], settings.eos, may_open)
+        if tables.words is not None:
+            # a token that writes nothing would hide where words meet; and no sentence starts with a space, however
+            # a phrase is written
+            barred = tables.words.silent | (tables.words.starts_with_space & (step == 1))
+            allowed &= ~(constrained[:, None] & barred[None, : log_probs.shape[-1]])
         log_probs = log_probs.masked_fill(~allowed, -math.inf).view(len(searching), beams, -1)
         scores = running.hypotheses.scores[..., None] + log_probs
         candidates = step_candidates(scores, log_probs, next_tokens, running.alive)
         count = candidates.token.shape[1]
 
         row_offset = torch.arange(len(searching), device=device)[:, None] * beams
-        candidate_state = state.select((row_offset + candidates.beam).flatten()).advance(
-            tables, candidates.token.flatten()
-        )
+        rows = (row_offset + candidates.beam).flatten()
+        candidate_state = state.select(rows).advance(tables, candidates.token.flatten(), may_open[rows])
         ends = (candidates.token == settings.eos) | (step == cap)
         # transformers' beam search: of the candidates, those among the first `beams` that end are finished
         first = torch.arange(beams, device=device)[None].expand(len(searching), -1)
@@ -480,16 +680,16 @@ def constrained_beam_search(
             may_improve,
         )
 
-        banks = tables.total_lengths()[searching, None] - candidate_state.need(tables).view_as(candidates.token)
-        chosen = allocate_beam(banks, candidates.valid & ~ends, beams, most)
+        banks = tables.total_lengths()[chosen[searching], None] - candidate_state.need(tables).view_as(candidates.token)
+        picked = allocate_beam(banks, candidates.valid & ~ends, beams, most)
         # a hypothesis that ended goes on only to fill the beam, ranked last (transformers' running beams)
         running_scores = candidates.score + ends * BEAM_SEARCH_PENALTY
-        chosen = chosen.gather(1, running_scores.gather(1, chosen).sort(dim=1, descending=True, stable=True).indices)
-        kept = candidates.take(chosen)
+        picked = picked.gather(1, running_scores.gather(1, picked).sort(dim=1, descending=True, stable=True).indices)
+        kept = candidates.take(picked)
         running = Running(
-            running.hypotheses.extended(kept, step, running_scores.gather(1, chosen)),
-            (candidates.valid & ~ends).gather(1, chosen),
-            candidate_state.select((row_offset // beams * count + chosen).flatten()),
+            running.hypotheses.extended(kept, step, running_scores.gather(1, picked)),
+            (candidates.valid & ~ends).gather(1, picked),
+            candidate_state.select((row_offset // beams * count + picked).flatten()),
         )
         may_improve = may_improve & can_improve(
             running.hypotheses.scores, finished.hypotheses.scores, finished.found, step, settings
@@ -506,13 +706,14 @@ def constrained_beam_search(
             rows = (row_offset[go_on] + torch.arange(beams, device=device)).flatten()
             cache.cross_attention_cache.reorder_cache(rows)
             encoder_states, beam_attention_mask = encoder_states[rows], beam_attention_mask[rows]
+            constrained = constrained[rows]
             searching, running, finished, may_improve = (
                 searching[go_on],
                 running.sentences(go_on),
                 finished.sentences(go_on),
                 may_improve[go_on],
             )
-    return best_hypotheses(results, num_return_sequences)
+    return results
 
 
 def update_finished(
@@ -564,14 +765,13 @@ def can_improve(
 
 def best_hypotheses(finished: Finished, count: int) -> ConstrainedBeamSearchOutput:
     """The `count` best finished hypotheses of each sentence, flattened, cut to the longest of them."""
-    best = finished.hypotheses.take(
-        torch.arange(count, device=finished.lengths.device)[None].expand(len(finished.lengths), -1)
-    )
-    longest = int(finished.lengths[:, :count].max())
+    best = finished.first(count).hypotheses
     found = finished.found[:, :count].flatten()
+    longest = int(finished.lengths[:, :count].flatten()[found].max()) if found.any() else 0
     return ConstrainedBeamSearchOutput(
         sequences=best.sequences.flatten(0, 1)[:, : longest + 1],
         sequences_scores=best.scores.flatten().masked_fill(~found, -math.inf),
         token_log_probs=best.token_log_probs.flatten(0, 1)[:, :longest],
         log_prob_sums=best.token_log_probs.flatten(0, 1).sum(-1).masked_fill(~found, -math.inf),
+        found=found,
     )

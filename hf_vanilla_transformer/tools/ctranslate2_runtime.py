@@ -4,6 +4,7 @@
 """
 
 import itertools
+import math
 import os
 
 import torch
@@ -12,9 +13,12 @@ from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.hardware import check_device
 from hf_vanilla_transformer.loading import load_tokenizer
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
+from hf_vanilla_transformer.model.pipeline_translation import length_normalized
+from hf_vanilla_transformer.tools.avoid import ctranslate2_suppress_sequences
 from hf_vanilla_transformer.tools.export_ctranslate2 import QUANTIZATIONS
 from hf_vanilla_transformer.tools.prefix import prefix_token_ids
 from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, Translator
+from hf_vanilla_transformer.tools.words import TokenWords
 
 # CTranslate2's compute_type: the weights' type as saved (default), the fastest this device has (auto), or one named
 COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
@@ -29,7 +33,7 @@ class CTranslate2Translator(Translator):
     options; the tokens' log-probabilities come from its `score_batch`. Constraints and ensembles it has not."""
 
     engine = "CTranslate2"
-    features = frozenset({"n_best", "scores", "alignments", "prefixes"})
+    features = frozenset({"n_best", "scores", "alignments", "prefixes", "avoid"})
     decoding = Translator.decoding | Translator.sampling
 
     def __init__(
@@ -53,7 +57,8 @@ class CTranslate2Translator(Translator):
         self.max_new_tokens_over_source = max_new_tokens_over_source_of(generation)
         # tokens the generation config never lets generate() write (`suppress_tokens`), as CTranslate2 names them
         suppressed = self.tokenizer.convert_ids_to_tokens(generation.suppress_tokens or [])
-        self.suppress_sequences = [[token] for token in suppressed] or None
+        self.suppress_sequences = [[token] for token in suppressed]
+        self.avoiding: dict[tuple, list[list[str]]] = {}
         # on a CPU, one batch per core, each on one thread, beats all cores on one batch: 2.3x here for int8
         # (BENCHMARKS.md); a call hands over several batches so that every worker has one
         on_cpu = device.type == "cpu"
@@ -117,7 +122,7 @@ class CTranslate2Translator(Translator):
             max_batch_size=batch_size,
             return_scores=steering.scores,
             return_attention=steering.alignments,
-            suppress_sequences=self.suppress_sequences,
+            suppress_sequences=self.suppress_sequences + self.avoid_sequences(steering) or None,
             **sampling,
         )
         # in a beam search over sources of different lengths, CTranslate2's attention of the first target token
@@ -139,16 +144,34 @@ class CTranslate2Translator(Translator):
         sources = [source for source, hypotheses in zip(source_tokens, outputs, strict=True) for _ in hypotheses]
         targets = [tokens for hypotheses in outputs for tokens in hypotheses]
         if steering.scores:
-            ranked = [score for result in results for score in result.scores]
-            scored = self.translator.score_batch(sources, targets, max_batch_size=batch_size)
-            for hypothesis, score, result in zip(flat, ranked, scored, strict=True):
-                hypothesis.score, hypothesis.log_probability = score, sum(result.log_probs)
+            # the score of every route: the whole translation's log-probability (a prefix's tokens and `</s>`
+            # included) over its length to the power of the length penalty; CTranslate2 ranks without the prefix
+            penalty = options["length_penalty"]
+            for hypothesis, result in zip(
+                flat, self.translator.score_batch(sources, targets, max_batch_size=batch_size), strict=True
+            ):
+                hypothesis.log_probability = math.fsum(result.log_probs)
+                hypothesis.score = length_normalized(hypothesis.log_probability, len(result.tokens), penalty)
                 hypothesis.tokens, hypothesis.token_log_probs = result.tokens, result.log_probs
         if steering.alignments:
             attention = [weights for result in results for weights in result.attention]
             for hypothesis, source, target, weights in zip(flat, sources, targets, attention, strict=True):
                 hypothesis.alignment = token_attention_alignment(self.tokenizer, source, target, weights)
+        if steering.scores:  # best first by the score given
+            found = [sorted(hypotheses, key=lambda h: -h.score) for hypotheses in found]
         return found
+
+    def avoid_sequences(self, steering: Steering) -> list[list[str]]:
+        """The token sequences that bar `steering.avoid` (`ctranslate2_suppress_sequences`), built once per list."""
+        if not steering.avoid:
+            return []
+        key = (tuple(steering.avoid), steering.constraint_match)
+        if key not in self.avoiding:
+            words = TokenWords.of(self.tokenizer)
+            self.avoiding[key] = ctranslate2_suppress_sequences(
+                self.tokenizer, steering.avoid, steering.constraint_match, words
+            )
+        return self.avoiding[key]
 
     def decode(self, tokens: list[str]) -> str:
         return self.tokenizer.decode(self.tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True)

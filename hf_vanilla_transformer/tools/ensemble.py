@@ -228,6 +228,10 @@ class TranslationEnsemble(nn.Module, GenerationMixin):
             **{CACHE_NAME: ensemble_cache},
         )
 
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """The decoder's input for teacher forcing on `labels`, the same for every member (`SHARED_CONFIG`)."""
+        return self.members[0].prepare_decoder_input_ids_from_labels(labels=labels)
+
     def member_caches(self, cache: EnsembleCache | Cache | None) -> list[Cache | None]:
         """Each member's cache to continue from: those of an `EnsembleCache`, or none (a fresh start), for no
         cache or the empty one generate() prepares for a single model's first step."""
@@ -282,4 +286,4 @@ def load_ensemble(folders: Sequence[str], device: str | None = None, dtype=None)
         raise ValueError("an ensemble needs at least one model folder")
     check_members(folders)
     models, tokenizers = zip(*(load_model_and_tokenizer(folder, device, dtype) for folder in folders), strict=True)
-    return TranslationEnsemble(list(models)), tokenizers[0]
+    return TranslationEnsemble(list(models)).eval(), tokenizers[0]  # evaluation mode, as each member is loaded

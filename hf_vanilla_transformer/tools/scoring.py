@@ -41,34 +41,45 @@ def score_translations(
         length_penalty = model.generation_config.length_penalty
     positions = model.config.max_position_embeddings
     forced = functools.partial(forced_decoding, model)
-    return scored_pairs(tokenizer, sources, targets, positions, batch_size, forced, length_penalty, names)
+    vocab_size = model.config.vocab_size
+    return scored_pairs(tokenizer, sources, targets, positions, batch_size, forced, length_penalty, names, vocab_size)
 
 
 def score_lines(
     translator,
     sources: list[str],
-    targets: list[str],
+    targets: list[str] | list[list[int]],
     batch_size: int = 32,
     names: tuple[str, str] = ("sources", "targets"),
+    length_penalty: float | None = None,
 ) -> list[SequenceScore]:
-    """`score_translations` with a translator of tools/translate.py (`load_translator`): a model folder's, or a
-    CTranslate2 folder's, scored with CTranslate2 (several batches a call, as its threads take them). The length
-    penalty of `score` is the folder's generation config's. Another kind of folder (ONNX) is refused: its engine
-    gives no scores of given targets."""
+    """`score_translations` with a translator of tools/translate.py (`load_translator`): a model folder's (or an
+    ensemble's: the mean of its members' log-probabilities, renormalised, as it decodes), or a CTranslate2 folder's,
+    scored with CTranslate2 (several batches a call, as its threads take them). `targets` are a translation a line,
+    tokenized anew as training tokenizes labels, or each one's token ids as a translator wrote them (`</s>`
+    included where it ended), scored as they are. `length_penalty` (default: the folder's generation config's)
+    makes `score`. Another kind of folder (ONNX) is refused: its engine gives no scores of given targets."""
     if not isinstance(translator, CTranslate2Translator):
         if not hasattr(translator, "model"):
             raise ValueError(
                 f"{type(translator).__name__} cannot score given translations; score the model folder it came from"
             )
-        return score_translations(translator.model, translator.tokenizer, sources, targets, batch_size, names=names)
+        return score_translations(
+            translator.model, translator.tokenizer, sources, targets, batch_size, length_penalty, names
+        )
     forced = functools.partial(ctranslate2_forced_decoding, translator.translator, translator.tokenizer, batch_size)
     chunk_size = batch_size * translator.batches_per_call
-    positions, length_penalty = translator.max_positions, translator.length_penalty
-    return scored_pairs(translator.tokenizer, sources, targets, positions, chunk_size, forced, length_penalty, names)
+    length_penalty = translator.length_penalty if length_penalty is None else length_penalty
+    return scored_pairs(
+        translator.tokenizer, sources, targets, translator.max_positions, chunk_size, forced, length_penalty, names
+    )
 
 
 def check_pairs(
-    sources: list[str], targets: list[str], source_name: str = "sources", target_name: str = "targets"
+    sources: list[str],
+    targets: list[str] | list[list[int]],
+    source_name: str = "sources",
+    target_name: str = "targets",
 ) -> None:
     """Refuse sources and targets that do not pair up line by line, or a pair with an empty (blank) side: there is
     no sentence to score. Errors name the lines by `source_name` and `target_name` (a command: the files)."""
@@ -78,39 +89,71 @@ def check_pairs(
             "translation of the source on the same line"
         )
     for name, lines in ((source_name, sources), (target_name, targets)):
-        blank = next((number for number, line in enumerate(lines, 1) if not line.strip()), None)
+        blank = next((number for number, line in enumerate(lines, 1) if not is_given(line)), None)
         if blank is not None:
             raise ValueError(f"{name}:{blank}: an empty line; each pair to score needs a sentence on both sides")
+
+
+def is_given(target: str | list[int]) -> bool:
+    """Whether a sentence (text, or token ids) holds anything to score."""
+    return bool(target.strip()) if isinstance(target, str) else bool(target)
 
 
 def scored_pairs(
     tokenizer,
     sources: list[str],
-    targets: list[str],
+    targets: list[str] | list[list[int]],
     max_positions: int,
     chunk_size: int,
     score_chunk: ChunkScorer,
     length_penalty: float | None,
     names: tuple[str, str],
+    vocab_size: int = 0,
 ) -> list[SequenceScore]:
-    """Each pair tokenized (without the whitespace around a sentence, as the pipeline translates it), checked,
-    scored by `score_chunk` a chunk at a time, longest pairs first so that a chunk holds little padding, and
-    returned in input order."""
+    """Each pair tokenized (without the whitespace around a sentence, as the pipeline translates it; targets
+    given as token ids are taken as they are), checked, scored by `score_chunk` a chunk at a time, longest pairs
+    first so that a chunk holds little padding, and returned in input order."""
     check_pairs(sources, targets, *names)
     source_ids = tokenizer([line.strip() for line in sources])["input_ids"]
-    target_ids = tokenizer(text_target=[line.strip() for line in targets])["input_ids"]
+    if targets and isinstance(targets[0], str):
+        target_ids = tokenizer(text_target=[line.strip() for line in targets])["input_ids"]
+    else:
+        target_ids = targets
     for name, ids in zip(names, (source_ids, target_ids), strict=True):
         too_long = next(((number, len(row)) for number, row in enumerate(ids, 1) if len(row) > max_positions), None)
         if too_long is not None:
             number, length = too_long
             raise ValueError(f"{name}:{number}: {length} tokens, more than the model's {max_positions} positions")
-    order = sorted(range(len(sources)), key=lambda i: len(source_ids[i]) + len(target_ids[i]), reverse=True)
-    results: list[SequenceScore | None] = [None] * len(sources)
-    for start in range(0, len(order), chunk_size):
-        chunk = order[start : start + chunk_size]
-        outputs = score_chunk([(source_ids[i], target_ids[i]) for i in chunk])
+    pairs = list(zip(source_ids, target_ids, strict=True))
+    return scored_ids(pairs, chunk_size, score_chunk, length_penalty, vocab_size)
+
+
+# the most logits a chunk of forced decoding computes at once (pairs x target tokens x vocabulary), so that an n-best
+# list of a thousand hypotheses is scored in pieces
+LOGITS_PER_CHUNK = 2**25
+
+
+def scored_ids(
+    pairs: list[tuple[list[int], list[int]]],
+    chunk_size: int,
+    score_chunk: ChunkScorer,
+    length_penalty: float | None,
+    vocab_size: int = 0,
+) -> list[SequenceScore]:
+    """Each (source ids, target ids) pair scored by `score_chunk` a chunk at a time (at most `chunk_size` pairs, and
+    as many as `LOGITS_PER_CHUNK` logits over `vocab_size` tokens allow), longest pairs first so that a chunk holds
+    little padding, and returned in input order."""
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]), reverse=True)
+    results: list[SequenceScore | None] = [None] * len(pairs)
+    start = 0
+    while start < len(order):
+        longest = max(1, len(pairs[order[start]][1]))  # the chunk's first pair is its longest
+        size = max(1, min(chunk_size, LOGITS_PER_CHUNK // max(1, longest * vocab_size)))
+        chunk = order[start : start + size]
+        outputs = score_chunk([pairs[i] for i in chunk])
         for index, (tokens, log_probs) in zip(chunk, outputs, strict=True):
             results[index] = scored(tokens, log_probs, length_penalty)
+        start += size
     return results
 
 

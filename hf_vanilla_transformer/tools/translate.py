@@ -10,7 +10,7 @@ beyond the decoding settings (n-best lists and scores, prefixes, constraints, al
 (tools/translator.py), which each kind of translator gives as far as its engine can and refuses beyond.
 """
 
-import dataclasses
+import copy
 import functools
 import json
 import logging
@@ -23,55 +23,48 @@ from tqdm.auto import tqdm
 from transformers.generation import LogitsProcessorList
 
 from hf_vanilla_transformer.extras import require
-from hf_vanilla_transformer.files import InputError, decoded_lines, numbered_lines, write_text_atomically
+from hf_vanilla_transformer.files import write_text_atomically
 from hf_vanilla_transformer.hardware import check_device, check_torch_device, cpu_has_bf16_units, default_device
-from hf_vanilla_transformer.loading import load_model_and_tokenizer, load_tokenizer, model_folder
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
-from hf_vanilla_transformer.model.pipeline_translation import sequence_scores
+from hf_vanilla_transformer.loading import device_memory, load_model_and_tokenizer, load_tokenizer, model_folder
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of, source_length_limit
+from hf_vanilla_transformer.model.pipeline_translation import generated_length
 from hf_vanilla_transformer.tools.alignment import format_alignment
+from hf_vanilla_transformer.tools.avoid import AvoidLogitsProcessor
 from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator, ctranslate2_device
 from hf_vanilla_transformer.tools.export_ctranslate2 import is_ctranslate2_folder
 from hf_vanilla_transformer.tools.prefix import PrefixLogitsProcessor, prefix_token_ids
+from hf_vanilla_transformer.tools.scoring import forced_decoding, scored_ids
+from hf_vanilla_transformer.tools.steering_files import warn_about_blank_lines
 from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, SteeringError, Translator, length_limit
+from hf_vanilla_transformer.tools.words import TokenWords, encode_phrases, holds
 
 logger = logging.getLogger("vanilla-translate")
 OUTPUT_FORMATS = ("plain", "jsonl")
 NBEST_SEPARATOR = " ||| "  # between the fields of an n-best line, as fairseq, Moses and Marian write them
+# the memory one search may hold (`ModelTranslator.search_bytes`): a batch of sentences with many hypotheses each
+# (--n_best 1000) is searched a few sentences at a time
+SEARCH_MEMORY = 2**30
+# the rows a sentence with constraints may take: the widest beam `constrained_beams` gives a few long terms
+CONSTRAINED_ROWS_PER_SENTENCE = 16
 
 
-def read_lines(path: str) -> list[str]:
-    """The lines of a UTF-8 file ('-': standard input, read as bytes whatever the locale), blank ones included."""
-    numbered = decoded_lines(sys.stdin.buffer, "standard input") if path == "-" else numbered_lines(path)
-    return [line.rstrip("\r\n") for _, line in numbered]
-
-
-def read_constraints(path: str) -> list[list[str]]:
-    """A constraints file: per line a JSON list of the words or phrases that line's translation must contain (a
-    blank line: none). Anything else is refused, naming the file and line."""
-    constraints = []
-    for number, line in numbered_lines(path):
-        try:
-            phrases = json.loads(line) if line.strip() else []
-        except json.JSONDecodeError as error:
-            raise InputError(f"{path}:{number}: not JSON ({error.msg}); write a list of strings") from None
-        if not isinstance(phrases, list) or not all(isinstance(phrase, str) for phrase in phrases):
-            raise InputError(f"{path}:{number}: not a JSON list of strings")
-        constraints.append(phrases)
-    return constraints
-
-
-def format_translations(found: list[list[Hypothesis]], form: str = "plain", n_best: bool = False) -> list[str]:
+def format_translations(
+    found: list[list[Hypothesis]], form: str = "plain", n_best: bool = False, first: int = 0
+) -> list[str]:
     """The output lines for the hypotheses of each input line. plain: the best translation a line, or with `n_best`
     each hypothesis as `line ||| translation ||| score ||| log-probability` (the input line counted from 0, as in
-    Moses' and fairseq's n-best lists); an alignment, where there is one, follows as a last `||| i-j ...` field.
-    jsonl: one JSON object an input line, {"translations": [...]}, each hypothesis with what it holds."""
+    Moses' and fairseq's n-best lists; `first`: the number of `found`'s first line); an alignment, where there is
+    one, follows as a last `||| i-j ...` field. jsonl: one JSON object an input line, {"translations": [...]}, each
+    hypothesis with what it holds, strict JSON (a score that is not a number is an error, never `Infinity`)."""
     if form == "jsonl":
         return [
-            json.dumps({"translations": [hypothesis_fields(h) for h in hypotheses]}, ensure_ascii=False)
+            json.dumps(
+                {"translations": [hypothesis_fields(h) for h in hypotheses]}, ensure_ascii=False, allow_nan=False
+            )
             for hypotheses in found
         ]
     lines = []
-    for number, hypotheses in enumerate(found):
+    for number, hypotheses in enumerate(found, first):
         for hypothesis in hypotheses if n_best else hypotheses[:1]:
             fields = [hypothesis.text]
             if n_best:
@@ -125,14 +118,12 @@ def translator_loader(
     device: str | None,
     dtype: str = "auto",
     threads: int | None = None,
-    attn_implementation: str | None = None,
     **ctranslate2_options,
 ) -> Callable[[], "Translator"]:
     """A function that loads the folder's translator: for a CTranslate2 folder (from export_ctranslate2)
     ctranslate2.Translator with `ctranslate2_options` (compute_type, inter_threads, intra_threads; None: the
     default) and `threads` as the default inter_threads, for an ONNX folder (export_onnx) ONNX Runtime with `threads`,
-    for any other the model in `dtype` (`translation_dtype`) on the attention path `attn_implementation` (default:
-    transformers'; "eager" gives alignments without a copy of the model); several model folders decode together as an
+    for any other the model in `dtype` (`translation_dtype`); several model folders decode together as an
     ensemble (tools/ensemble.py). What can be refused without loading is refused here, at once: an option for
     another kind of folder, an ensemble of exports, a device this machine lacks, a missing package, a compute type
     the device lacks."""
@@ -156,7 +147,7 @@ def translator_loader(
         require("onnxruntime", "translating an ONNX folder")
         return functools.partial(kind, paths[0], threads=threads)
     check_torch_device(default_device(device))
-    return functools.partial(ModelTranslator, paths, device, translation_dtype(dtype, device), attn_implementation)
+    return functools.partial(ModelTranslator, paths, device, translation_dtype(dtype, device))
 
 
 def check_request(model_paths: list[str], steering: Steering, generate_kwargs: dict) -> None:
@@ -172,41 +163,157 @@ def check_request(model_paths: list[str], steering: Steering, generate_kwargs: d
 class ModelTranslator(Translator):
     """Translation with the model's `generate()` (several models: an ensemble, tools/ensemble.py), one batch at a
     time: prefixes through a logits processor (tools/prefix.py), constraints by constrained beam search
-    (tools/constraints.py), scores from generate()'s own logits (`sequence_scores`), alignments from the
-    encoder-decoder attention of each translation (tools/alignment.py)."""
+    (tools/constraints.py), scores by forced decoding of each translation's tokens (tools/scoring.py, as
+    `vanilla-score` computes them), alignments from the encoder-decoder attention of each translation
+    (tools/alignment.py), read from an eager copy of the model so that the translation stays the one the model's
+    own attention path gives."""
 
     engine = "generate()"
-    features = frozenset({"n_best", "scores", "alignments", "prefixes", "constraints"})
+    features = frozenset({"n_best", "scores", "alignments", "prefixes", "constraints", "avoid"})
     decoding = Translator.decoding | Translator.sampling
 
-    def __init__(
-        self, model_paths: str | list[str], device: str | None, dtype=None, attn_implementation: str | None = None
-    ):
+    def __init__(self, model_paths: str | list[str], device: str | None, dtype=None):
         model_paths = [model_paths] if isinstance(model_paths, str) else model_paths
         if len(model_paths) > 1:
             from hf_vanilla_transformer.tools.ensemble import load_ensemble
 
             self.model, self.tokenizer = load_ensemble(model_paths, device, dtype)
         else:
-            self.model, self.tokenizer = load_model_and_tokenizer(model_paths[0], device, dtype, attn_implementation)
+            self.model, self.tokenizer = load_model_and_tokenizer(model_paths[0], device, dtype)
         self.model_paths = model_paths
         self.max_positions = self.model.config.max_position_embeddings
         self.generation_config = self.model.generation_config
         self.max_new_tokens_over_source = max_new_tokens_over_source_of(self.generation_config)
         self.num_beams = self.generation_config.num_beams or 1
+        self.length_penalty = self.generation_config.length_penalty
+        self.avoiding: dict[tuple, AvoidLogitsProcessor] = {}  # built once per list: it reads the whole vocabulary
+
+    @functools.cached_property
+    def token_words(self) -> TokenWords:
+        """What each token of the model's vocabulary does to words, for phrases matched as whole words."""
+        return TokenWords.of(self.tokenizer, self.model.config.vocab_size)
+
+    @functools.cached_property
+    def aligner(self):
+        """The model on the eager attention path, which alone returns attention weights: a copy, so that the
+        translations keep the model's own path (an ensemble's: its first member's, since attention weights do not
+        average into words)."""
+        first = self.model.members[0] if len(self.model_paths) > 1 else self.model
+        eager = copy.deepcopy(first)
+        eager.set_attn_implementation("eager")
+        return eager
+
+    def avoid_processors(self, steering: Steering) -> LogitsProcessorList:
+        """The processor that bars `steering.avoid`, if it has phrases."""
+        if not steering.avoid:
+            return LogitsProcessorList()
+        key = (tuple(steering.avoid), steering.constraint_match)
+        if key not in self.avoiding:
+            self.avoiding[key] = AvoidLogitsProcessor(
+                self.tokenizer, steering.avoid, steering.constraint_match, self.token_words
+            )
+        return LogitsProcessorList([self.avoiding[key]])
+
+    def search_bytes(self, sentences: int, source_length: int, rows_per_sentence: int) -> int:
+        """About the memory a search of `sentences` sources of `source_length` tokens holds at once, with
+        `rows_per_sentence` hypotheses each: every row's decoder cache (keys and values of each layer, for the
+        translation's longest length and the source) and a step's logits over the vocabulary, which the search
+        copies a few times in float32 (log-probabilities, the processors' scores, the ranking)."""
+        config, members = self.model.config, len(self.model_paths)
+        length = self.length_limit(source_length)
+        element = torch.finfo(self.model.dtype).bits // 8
+        cache = 2 * config.decoder_layers * (length + source_length) * config.d_model * element
+        logits = 4 * 6 * config.vocab_size
+        return sentences * rows_per_sentence * members * (cache + logits)
+
+    def sentences_per_call(self, lengths: list[int], steering: Steering, generate_kwargs: dict) -> int:
+        """How many of sentences of these token `lengths` (longest first) one search may take within
+        `SEARCH_MEMORY`: as many as fit, one at least. A search of even one that needs more memory than the device
+        has is refused, naming what it needs."""
+        rows = max(steering.n_best, generate_kwargs.get("num_beams", self.num_beams))
+        if steering.constraints is not None and any(steering.constraints):
+            rows = max(rows, CONSTRAINED_ROWS_PER_SENTENCE)
+        one = self.search_bytes(1, lengths[0], rows)
+        available = device_memory(self.model.device)
+        if available is not None and one > available:
+            raise ValueError(
+                f"translating a sentence of {lengths[0]} tokens with {rows} hypotheses (--n_best, --num_beams) needs "
+                f"about {one / 2**30:,.1f} GiB, more than this device's {available / 2**30:,.1f} GiB"
+            )
+        return max(1, SEARCH_MEMORY // one)
 
     def hypotheses(self, sentences: list[str], batch_size: int, steering: Steering, **generate_kwargs):
+        lengths = token_counts(self.tokenizer, sentences)
+        per_call = self.sentences_per_call(sorted(lengths, reverse=True), steering, generate_kwargs)
+        if per_call < len(sentences):  # many hypotheses a sentence: fewer sentences a search
+            return [
+                found
+                for start in range(0, len(sentences), per_call)
+                for found in self.hypotheses(
+                    sentences[start : start + per_call],
+                    batch_size,
+                    steering.select(list(range(start, min(start + per_call, len(sentences))))),
+                    **generate_kwargs,
+                )
+            ]
         batch = self.tokenizer(
             sentences, truncation=True, max_length=self.max_positions, padding=True, return_tensors="pt"
         ).to(self.model.device)
-        if "max_new_tokens" in generate_kwargs:  # --max_new_tokens replaces the model's max_length, which transformers
-            generate_kwargs["max_length"] = None  # would otherwise warn about at every batch, and then ignore anyway
         count = steering.n_best
-        length_penalty = generate_kwargs.get("length_penalty", self.generation_config.length_penalty)
-        if steering.constraints is not None and any(steering.constraints):
-            from hf_vanilla_transformer.tools.constraints import constrained_beam_search, constraint_token_ids
+        sequences, found = self.search(batch, steering, generate_kwargs)
+        eos = self.generation_config.eos_token_id
+        ends = torch.tensor([eos] if isinstance(eos, int) else eos)
+        kept = [
+            (index // count, row[: generated_length(row, ends)].tolist())
+            for index, (row, is_found) in enumerate(zip(sequences[:, 1:].cpu(), found, strict=True))
+            if is_found
+        ]
+        texts = self.tokenizer.batch_decode([tokens for _, tokens in kept], skip_special_tokens=True)
+        found_hypotheses = [Hypothesis(text) for text in texts]
+        if steering.scores:
+            sources = [ids[mask.bool()].tolist() for ids, mask in zip(*batch.values(), strict=True)]
+            pairs = [(sources[sentence], tokens) for sentence, tokens in kept]
+            forced = functools.partial(forced_decoding, self.model)
+            length_penalty = generate_kwargs.get("length_penalty", self.length_penalty)
+            scores = scored_ids(pairs, batch_size * count, forced, length_penalty, self.model.config.vocab_size)
+            for hypothesis, score in zip(found_hypotheses, scores, strict=True):
+                hypothesis.score, hypothesis.log_probability = score.score, score.log_probability
+                hypothesis.tokens = self.tokenizer.convert_ids_to_tokens(score.token_ids)
+                hypothesis.token_log_probs = score.token_log_probs
+        if steering.alignments:
+            from hf_vanilla_transformer.tools.alignment import align
 
-            constraints = [constraint_token_ids(self.tokenizer, phrases) for phrases in steering.constraints]
+            # a line longer than the positions is aligned as it was translated: from its first tokens
+            shown = [self.within_positions(sentences[sentence]) for sentence, _ in kept]
+            for hypothesis, pairs in zip(
+                found_hypotheses, align(self.aligner, self.tokenizer, shown, texts), strict=True
+            ):
+                hypothesis.alignment = pairs
+        results = [[] for _ in sentences]
+        for (sentence, _), hypothesis in zip(kept, found_hypotheses, strict=True):
+            results[sentence].append(hypothesis)
+        for sentence, hypotheses in enumerate(results):
+            if not hypotheses:  # the phrases to avoid barred every way to the terms: an empty line keeps the order
+                logger.warning(
+                    "no translation of %r meets its constraints and avoids the phrases to avoid",
+                    sentences[sentence][:80],
+                )
+                hypotheses.append(blank_line_hypothesis(steering))
+        if steering.scores:  # best first by the score given: sampled hypotheses come in no order
+            results = [sorted(hypotheses, key=lambda h: -h.score) for hypotheses in results]
+        return results
+
+    def search(self, batch, steering: Steering, generate_kwargs: dict) -> tuple[torch.LongTensor, list[bool]]:
+        """`steering.n_best` rows a sentence of `batch` (each `decoder_start_token_id`, the tokens, `</s>`, padding),
+        and whether each holds a hypothesis: constrained beam search may find fewer that meet the constraints."""
+        count = steering.n_best
+        if steering.constraints is not None and any(steering.constraints):
+            from hf_vanilla_transformer.tools.constraints import constrained_beam_search
+
+            constraints = [
+                encode_phrases(self.tokenizer, phrases, steering.constraint_match, self.token_words)
+                for phrases in steering.constraints
+            ]
             settings = {
                 key: generate_kwargs[key]
                 for key in ("num_beams", "length_penalty", "max_new_tokens")
@@ -217,41 +324,34 @@ class ModelTranslator(Translator):
                 batch["input_ids"],
                 batch["attention_mask"],
                 constraints,
+                self.token_words,
                 num_return_sequences=count,
+                logits_processor=self.avoid_processors(steering),
                 **settings,
             )
-            scored = output.sequence_scores(self.generation_config.eos_token_id, length_penalty)
-        else:
-            processors = LogitsProcessorList()
-            if steering.prefixes is not None:
-                processors.append(PrefixLogitsProcessor(prefix_token_ids(self.tokenizer, steering.prefixes)))
-            if len(self.model_paths) > 1:  # an ensemble's length rule is a processor it gives: generate() is not ours
-                processors.extend(self.model.source_length_limit(batch))
-            output = self.model.generate(
-                **batch,
-                logits_processor=processors,
-                num_return_sequences=count,
-                return_dict_in_generate=True,
-                output_logits=steering.scores,
-                **generate_kwargs,
-            )
-            scored = sequence_scores(self.model, output, length_penalty) if steering.scores else None
-        texts = self.tokenizer.batch_decode(output.sequences, skip_special_tokens=True)
-        found = [Hypothesis(text) for text in texts]
-        if steering.scores:
-            for hypothesis, score in zip(found, scored, strict=True):
-                hypothesis.score, hypothesis.log_probability = score.score, score.log_probability
-                hypothesis.tokens = self.tokenizer.convert_ids_to_tokens(score.token_ids)
-                hypothesis.token_log_probs = score.token_log_probs
-        if steering.alignments:
-            from hf_vanilla_transformer.tools.alignment import align
+            return output.sequences, output.found.tolist()
+        if "max_new_tokens" in generate_kwargs:  # --max_new_tokens replaces the model's max_length, which transformers
+            generate_kwargs = {**generate_kwargs, "max_length": None}  # would warn about at every batch, then ignore
+        processors = LogitsProcessorList()
+        if steering.prefixes is not None:
+            processors.append(PrefixLogitsProcessor(prefix_token_ids(self.tokenizer, steering.prefixes)))
+        # Section 6.1's limit before the phrases to avoid, so that a row the limit ends is not also barred `</s>`:
+        # given here, our model's generate() adds it no more, and an ensemble's (transformers') never does
+        limit = source_length_limit(self.model, batch["input_ids"], None, dict(batch))
+        processors.extend([] if limit is None else [limit])
+        processors.extend(self.avoid_processors(steering))
+        limited = {} if len(self.model_paths) > 1 else {"max_new_tokens_over_source": None}
+        sequences = self.model.generate(
+            **batch, logits_processor=processors, num_return_sequences=count, **limited, **generate_kwargs
+        )
+        return sequences, [True] * len(sequences)
 
-            sources = [sentence for sentence in sentences for _ in range(count)]
-            # an ensemble's alignments are its first model's: attention weights do not average into words
-            aligner = getattr(self.model, "members", [self.model])[0]
-            for hypothesis, pairs in zip(found, align(aligner, self.tokenizer, sources, texts), strict=True):
-                hypothesis.alignment = pairs
-        return [found[start : start + count] for start in range(0, len(found), count)]
+    def within_positions(self, sentence: str) -> str:
+        """The start of `sentence` that its tokens within the model's positions hold (the sentence itself where it
+        fits): what is translated of it."""
+        offsets = self.tokenizer(sentence, truncation=True, max_length=self.max_positions, return_offsets_mapping=True)
+        ends = [end for start, end in offsets["offset_mapping"] if end > start]
+        return sentence[: ends[-1]] if ends and len(offsets["input_ids"]) >= self.max_positions else sentence
 
 
 def translate_lines(translator, lines: list[str], batch_size: int, generate_kwargs: dict, show_progress: bool):
@@ -290,10 +390,9 @@ def translate_lines_in_full(
         )
     limits = [translator.length_limit(length, generate_kwargs.get("max_new_tokens")) for length in lengths]
     check_steering(translator.tokenizer, steering, todo, limits)
+    warn_about_blank_lines(steering, lines)
     order = [todo[j] for j in sorted(range(len(todo)), key=lengths.__getitem__, reverse=True)]
-    scores = {"score": 0.0, "log_probability": 0.0, "tokens": [], "token_log_probs": []} if steering.scores else {}
-    empty = Hypothesis("", **scores, alignment=[] if steering.alignments else None)
-    found = [[empty]] * len(lines)
+    found = [[blank_line_hypothesis(steering)] for _ in lines]
     with tqdm(total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr) as progress:
         step = batch_size * translator.batches_per_call
         for start in range(0, len(order), step):
@@ -310,21 +409,11 @@ def translate_lines_in_full(
     return found
 
 
-def read_steering_files(
-    steering: Steering, lines: list[str], input_name: str, prefix_path: str | None, constraints_path: str | None
-) -> Steering:
-    """`steering` with each line's prefix (`prefix_path`: a prefix a line) and constraints (`constraints_path`,
-    `read_constraints`), refused (`SteeringError`) where a file's line count is not the input's."""
-    per_line = {}
-    for part, path, read in (
-        ("prefixes", prefix_path, read_lines),
-        ("constraints", constraints_path, read_constraints),
-    ):
-        if path is not None:
-            per_line[part] = read(path)
-            if len(per_line[part]) != len(lines):
-                raise SteeringError(f"{path}: {len(per_line[part])} line(s) for the {len(lines)} of {input_name}")
-    return dataclasses.replace(steering, names={"prefixes": prefix_path, "constraints": constraints_path}, **per_line)
+def blank_line_hypothesis(steering: Steering) -> Hypothesis:
+    """What a blank line gets: an empty translation, scored 0 (it is certain), with nothing to align."""
+    if steering.scores:
+        return Hypothesis("", 0.0, 0.0, [], [], [] if steering.alignments else None)
+    return Hypothesis("", alignment=[] if steering.alignments else None)
 
 
 def check_steering_of(model_path: str, lines: list[str], steering: Steering, max_new_tokens: int | None) -> None:
@@ -345,24 +434,42 @@ def check_steering_of(model_path: str, lines: list[str], steering: Steering, max
 
 def check_steering(tokenizer, steering: Steering, todo: list[int], limits: list[int]) -> None:
     """Refuses (`SteeringError`, naming the file and line) a prefix or constraint set that does not fit in its
-    line's length limit (`limits`, for the lines at `todo`, `</s>` included), and a constraint that is no tokens."""
+    line's length limit (`limits`, for the lines at `todo`, `</s>` included), a constraint that is no tokens, and a
+    prefix or constraint that holds a phrase to avoid: no translation could have both."""
+    words = TokenWords.of(tokenizer) if steering.constraints is not None else None
     for index, limit in zip(todo, limits, strict=True):
+        line = steering.first_line + index
+        for part in ("prefixes", "constraints"):
+            given = getattr(steering, part)
+            texts = [] if given is None else [given[index]] if part == "prefixes" else given[index]
+            clash = next(
+                (
+                    (text, avoided)
+                    for text in texts
+                    for avoided in steering.avoid or []
+                    if holds(text, avoided.strip(), steering.constraint_match)
+                ),
+                None,
+            )
+            if clash is not None:
+                raise SteeringError(
+                    f"{steering.names.get(part) or part}:{line}: {clash[0]!r} holds {clash[1]!r}, which "
+                    f"{steering.names.get('avoid') or 'avoid'} bars"
+                )
         if steering.prefixes is not None and steering.prefixes[index].strip():
             (tokens,) = prefix_token_ids(tokenizer, [steering.prefixes[index]])
             if len(tokens) + 1 > limit:
                 raise SteeringError(
-                    f"{steering.names.get('prefixes') or 'prefixes'}:{index + 1}: the prefix's {len(tokens)} tokens "
+                    f"{steering.names.get('prefixes') or 'prefixes'}:{line}: the prefix's {len(tokens)} tokens "
                     f"and </s> do not fit in the line's limit of {limit} tokens"
                 )
         if steering.constraints is not None and steering.constraints[index]:
-            from hf_vanilla_transformer.tools.constraints import constraint_token_ids
-
-            name = f"{steering.names.get('constraints') or 'constraints'}:{index + 1}"
+            name = f"{steering.names.get('constraints') or 'constraints'}:{line}"
             try:
-                tokens = constraint_token_ids(tokenizer, steering.constraints[index])
+                phrases = encode_phrases(tokenizer, steering.constraints[index], steering.constraint_match, words)
             except ValueError as error:
                 raise SteeringError(f"{name}: {error}") from None
-            needed = sum(map(len, tokens)) + 1
+            needed = sum(phrase.shortest for phrase in phrases) + 1
             if needed > limit:
                 raise SteeringError(
                     f"{name}: the constraints' {needed - 1} tokens and </s> do not fit in the line's limit of "

@@ -5,6 +5,8 @@ translators and of tools/onnx_runtime.py's."""
 
 import dataclasses
 
+from hf_vanilla_transformer.tools.words import PhraseMatch
+
 
 @dataclasses.dataclass
 class Hypothesis:
@@ -23,15 +25,20 @@ class Hypothesis:
 @dataclasses.dataclass(frozen=True)
 class Steering:
     """What a translator is asked beyond the decoding settings: `n_best` hypotheses a sentence, their scores, word
-    alignments, and per sentence a target prefix to continue ("" for none) and the phrases the translation must
-    contain (terminology constraints), with the names of the files they came from."""
+    alignments, per sentence a target prefix to continue ("" for none) and the phrases the translation must
+    contain (terminology constraints), and the phrases no translation may hold (`avoid`); constraints and avoided
+    phrases are matched as whole words or, with `constraint_match="subword"`, anywhere (tools/words.py). `names`
+    are the files they came from and `first_line` the number of the first sentence's line, for errors."""
 
     n_best: int = 1
     scores: bool = False
     alignments: bool = False
     prefixes: list[str] | None = None
     constraints: list[list[str]] | None = None
-    names: dict[str, str | None] = dataclasses.field(default_factory=dict)  # the files they came from, for errors
+    avoid: list[str] | None = None
+    constraint_match: PhraseMatch = "word"
+    names: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    first_line: int = 1
 
     def requested(self) -> list[str]:
         """The features asked for, by the names `Translator.features` uses."""
@@ -41,6 +48,7 @@ class Steering:
             "alignments": self.alignments,
             "prefixes": self.prefixes is not None,
             "constraints": self.constraints is not None,
+            "avoid": self.avoid is not None,
         }
         return [name for name, wanted in asked.items() if wanted]
 
@@ -51,6 +59,10 @@ class Steering:
             prefixes=None if self.prefixes is None else [self.prefixes[i] for i in indices],
             constraints=None if self.constraints is None else [self.constraints[i] for i in indices],
         )
+
+    def lines(self, start: int, stop: int) -> "Steering":
+        """The same request for lines `start` to `stop` (from 0) of the input, numbered as in it."""
+        return dataclasses.replace(self.select(list(range(start, stop))), first_line=self.first_line + start)
 
 
 class Translator:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
-from hf_vanilla_transformer.files import InputError, numbered_lines
+from hf_vanilla_transformer.files import InputError, check_unicode, json_value, numbered_lines, shortened
 
 TRANSLATION_FILE_EXTENSIONS = (".json", ".jsonl")
 # bumped when the rows a file gives change, so that a cache written by an earlier version is not reused
@@ -28,7 +28,7 @@ def translation_pair(row, where: str, source_lang: str, target_lang: str) -> tup
     """The (source, target) sentences of one translation row, checked."""
     translation = row.get("translation") if isinstance(row, dict) else None
     if not isinstance(translation, dict):
-        raise InputError(f'{where}: expected an object with a "translation" object, got {_shorten(row)}')
+        raise InputError(f'{where}: expected an object with a "translation" object, got {shortened(row)}')
     return sentence_pair(translation, where, source_lang, target_lang, holder="the translation")
 
 
@@ -41,10 +41,10 @@ def sentence_pair(sentences: dict, where: str, source_lang: str, target_lang: st
             languages = ", ".join(repr(key) for key, value in sentences.items() if value is not None) or "none"
             raise InputError(f"{where}: {holder} has no {lang!r} sentence (it has {languages})")
         if not isinstance(sentence, str):
-            raise InputError(f"{where}: the {lang!r} sentence is not a string: {_shorten(sentence)}")
+            raise InputError(f"{where}: the {lang!r} sentence is not a string: {shortened(sentence)}")
         if not sentence.strip():
             raise InputError(f"{where}: the {lang!r} sentence is empty")
-        _check_encodable(sentence, f"{where}: the {lang!r} sentence")
+        check_unicode(sentence, f"{where}: the {lang!r} sentence")
     return sentences[source_lang], sentences[target_lang]
 
 
@@ -69,7 +69,7 @@ def read_translation_file(path: str, source_lang: str, target_lang: str) -> Iter
         if not line.strip():
             continue
         where = f"{path}:{line_number}"
-        yield translation_pair(_json_row(line, where), where, source_lang, target_lang)
+        yield translation_pair(json_value(line, where, "a translation row"), where, source_lang, target_lang)
         count += 1
     if count == 0:
         raise InputError(f"{path}: no sentence pairs (the file is empty)")
@@ -227,42 +227,3 @@ def file_sentences(files: Iterable[str], source_lang: str, target_lang: str) -> 
                 yield from pair
         else:
             yield from read_text_file(path)
-
-
-def _json_row(line: str, where: str):
-    """One JSON value; duplicate keys are an error (json keeps the last silently, so one sentence would vanish)."""
-    try:
-        return json.loads(line, object_pairs_hook=lambda pairs: _object_without_duplicates(pairs, where))
-    except json.JSONDecodeError as error:
-        raise InputError(f"{where}: not valid JSON ({error.msg.removesuffix(' at')} at column {error.colno})") from None
-    except RecursionError:
-        raise InputError(f"{where}: not a translation row (JSON nested too deeply to read)") from None
-    except InputError:
-        raise
-    except ValueError as error:  # integers of more than 4,300 digits
-        raise InputError(f"{where}: not a translation row ({error})") from None
-
-
-def _object_without_duplicates(pairs: list[tuple[str, object]], where: str) -> dict:
-    row = {}
-    for key, value in pairs:
-        if key in row:
-            raise InputError(f"{where}: the key {key!r} appears twice in one object")
-        row[key] = value
-    return row
-
-
-def _check_encodable(text: str, what: str) -> None:
-    """JSON's \\ud800-style escapes can make strings that are not Unicode text (lone surrogates): the tokenizer and
-    every UTF-8 writer would fail on them later, far from the line that holds them."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise InputError(
-            f"{what} is not Unicode text (a lone surrogate {text[error.start]!r} at character {error.start + 1})"
-        ) from None
-
-
-def _shorten(value, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

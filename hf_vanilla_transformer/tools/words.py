@@ -1,0 +1,154 @@
+"""Words and phrases in token space: a phrase the translation must hold (tools/constraints.py) or must not hold
+(tools/avoid.py) matches as whole words, whatever the tokenizer splits it into.
+
+A word boundary is where a word character meets a character that is not one. Word characters are the letters, digits
+and marks of scripts that separate words with spaces; scripts written without spaces between words (Han, Hiragana,
+Katakana, Thai, Lao, Khmer, Myanmar) show no word boundaries in the text, so a phrase in them matches inside what a
+reader takes for a word, as `holds` checks it. With `match="subword"` a phrase matches anywhere, as plain text.
+
+A phrase has several spellings in tokens: with byte-level BPE "Hund" inside a sentence is `ĠHund` (after a space),
+but at the sentence's start or after an opening quote it is `Hund`, tokenized apart. `encode_phrases` gives both
+forms and says where each may stand; `TokenWords` says of every token of the vocabulary whether it continues the
+word before it, so that a search can tell "Hund" from the start of "Hunde".
+"""
+
+import dataclasses
+from typing import Literal
+
+import regex
+import torch
+
+PhraseMatch = Literal["word", "subword"]
+PHRASE_MATCHES: tuple[PhraseMatch, ...] = ("word", "subword")
+
+UNSPACED_SCRIPTS = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
+WORD_CHARACTER = regex.compile(rf"[[\p{{L}}\p{{N}}\p{{M}}]--[{UNSPACED_SCRIPTS}]]", regex.V1)
+UNSPACED_CHARACTER = regex.compile(rf"[{UNSPACED_SCRIPTS}]")
+# byte-level BPE spells a character it has no token for as its bytes; a token holding part of one decodes to this
+PART_OF_A_CHARACTER = "\ufffd"
+
+
+def is_word_character(character: str) -> bool:
+    """Letters, digits and marks of a script written with spaces, and the part of a character a byte token holds."""
+    return character == PART_OF_A_CHARACTER or WORD_CHARACTER.fullmatch(character) is not None
+
+
+def holds(text: str, phrase: str, match: PhraseMatch = "word") -> bool:
+    """Whether `text` holds `phrase`: as whole words (no word character joined to it on either side) or, with
+    `match="subword"`, anywhere."""
+    if match == "subword":
+        return phrase in text
+    start = text.find(phrase)
+    while start >= 0:
+        end = start + len(phrase)
+        joined_before = start > 0 and is_word_character(text[start - 1]) and is_word_character(phrase[0])
+        joined_after = end < len(text) and is_word_character(phrase[-1]) and is_word_character(text[end])
+        if not joined_before and not joined_after:
+            return True
+        start = text.find(phrase, start + 1)
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenWords:
+    """What each token of a vocabulary does to words (a tensor each, indexed by token id): `joins[v]`, written right
+    after a word character, it goes on with that word (its text starts with a word character, and the tokenizer
+    puts no space between tokens); `ends_in_word[v]`, its text ends with a word character, so that a word may go on
+    after it; `starts_with_space[v]`, its text starts with whitespace, which no sentence does; `silent[v]`, it
+    writes no text (a special token but `</s>`, or an id beyond the tokenizer's), so that it would hide where words
+    meet. Special tokens do none of the others: `</s>` ends a word."""
+
+    joins: torch.BoolTensor
+    ends_in_word: torch.BoolTensor
+    starts_with_space: torch.BoolTensor
+    silent: torch.BoolTensor
+
+    @classmethod
+    def of(cls, tokenizer, vocab_size: int | None = None) -> "TokenWords":
+        """The table of `tokenizer`'s tokens, `vocab_size` of them (default: the tokenizer's). A token's text is what
+        decoding it gives; a tokenizer that writes a space between any two tokens (a word-level one) is seen by
+        decoding each token twice, so that every token is a word of its own there."""
+        size = len(tokenizer) if vocab_size is None else vocab_size
+        ids = list(range(min(size, len(tokenizer))))
+        decode = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        texts = tokenizer.batch_decode([[index] for index in ids], **decode)
+        twice = tokenizer.batch_decode([[index, index] for index in ids], **decode)
+        special = set(tokenizer.all_special_ids)
+        joins, ends_in_word, starts_with_space = (torch.zeros(size, dtype=torch.bool) for _ in range(3))
+        silent = torch.ones(size, dtype=torch.bool)
+        for index, text, doubled in zip(ids, texts, twice, strict=True):
+            silent[index] = index in special and index != tokenizer.eos_token_id
+            if index in special or not text:
+                continue
+            joins[index] = doubled == text + text and is_word_character(text[0])
+            ends_in_word[index] = is_word_character(text[-1])
+            starts_with_space[index] = text[0].isspace()
+        return cls(joins, ends_in_word, starts_with_space, silent)
+
+    def to(self, device: torch.device) -> "TokenWords":
+        return TokenWords(*(getattr(self, field.name).to(device) for field in dataclasses.fields(self)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Phrase:
+    """A word or phrase as the model may write it: `text` as the tokenizer normalises it; `forms`, the token
+    sequences that spell it, the first as it stands after a space; `opens[i]`, form i may start only where a word
+    may (the sentence's start, or after a token that does not end in a word character); `closes`, the token after
+    it must not go on with its last word (it ends in a word character). Both are False for a phrase matched as
+    subwords, and for token ids given directly (`Phrase.of_tokens`)."""
+
+    text: str
+    forms: tuple[tuple[int, ...], ...]
+    opens: tuple[bool, ...]
+    closes: bool
+
+    @classmethod
+    def of_tokens(cls, tokens: list[int]) -> "Phrase":
+        """A phrase given as token ids: matched as those tokens, anywhere."""
+        return cls(str(tokens), (tuple(tokens),), (False,), False)
+
+    @property
+    def shortest(self) -> int:
+        """The fewest tokens that write it wherever the search stands: its shortest form that may start anywhere."""
+        return min(len(form) for form, opens in zip(self.forms, self.opens, strict=True) if not opens)
+
+
+def encode_phrases(
+    tokenizer, phrases: list[str], match: PhraseMatch = "word", words: TokenWords | None = None
+) -> list[Phrase]:
+    """Each phrase's forms in the target's tokens (the tokenizer's `text_target` side, without special tokens), for
+    `match` "word" (whole words, as `holds` reads them; needs `words`, the tokenizer's `TokenWords`) or "subword".
+    A phrase of no tokens (blank) raises ValueError naming it."""
+    if match not in PHRASE_MATCHES:
+        raise ValueError(f"match {match!r} must be one of {', '.join(PHRASE_MATCHES)}")
+    if match == "word" and words is None:
+        raise ValueError("matching whole words needs the tokenizer's TokenWords")
+    stripped = [phrase.strip() for phrase in phrases]
+    blank = next((phrase for phrase, text in zip(phrases, stripped, strict=True) if not text), None)
+    if blank is not None:
+        raise ValueError(f"phrase {blank!r} has no tokens")
+    if not phrases:
+        return []
+    bare = tokenizer(text_target=stripped, add_special_tokens=False)["input_ids"]
+    spaced = tokenizer(text_target=[" " + text for text in stripped], add_special_tokens=False)["input_ids"]
+    decode = dict(skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    encoded = []
+    for bare_form, spaced_form in zip(bare, spaced, strict=True):
+        text = tokenizer.decode(bare_form, **decode)
+        forms = [tuple(spaced_form), tuple(bare_form)]
+        if UNSPACED_CHARACTER.match(text) or match == "subword":
+            # no space before a phrase written without spaces; a subword may start inside a word, where the space
+            # (a token of its own, if the first one is only whitespace) is not
+            first_is_space = len(spaced_form) > 1 and not tokenizer.decode(spaced_form[:1], **decode).strip()
+            forms = [tuple(spaced_form[1:]) if first_is_space else tuple(spaced_form), tuple(bare_form)]
+            if UNSPACED_CHARACTER.match(text):
+                forms = forms[1:]
+        forms = list(dict.fromkeys(forms))
+        if match == "subword":
+            encoded.append(Phrase(text, tuple(forms), (False,) * len(forms), False))
+            continue
+        opens = tuple(is_word_character(text[0]) and bool(words.joins[form[0]]) for form in forms)
+        if all(opens):  # a tokenizer that cannot mark a word's start (no space of its own): any start will do
+            opens = (False,) * len(forms)
+        encoded.append(Phrase(text, tuple(forms), opens, is_word_character(text[-1])))
+    return encoded
