@@ -9,11 +9,13 @@ terms from its reference that the translation lacks, as a translator who knows t
 a language written with spaces, one or two reference words of four letters or more (punctuation stripped), met as
 whole words; for Chinese or Japanese, one or two spans of two characters of the reference, met inside words. A
 sentence whose translation lacks no such word gets no terms. `constrained_beam_search` translates every sentence
-again, those without terms included, with each beam rule asked for (`--constrained_num_beams`; the default rule,
-`constrained_beams`, always). Reported: the share of terms the output holds (`holds`, as a reader checks it),
-sacreBLEU (detokenized, cased, the target language's tokenization, with its signature) of plain and constrained
-output, whether the sentences without terms kept their translation, and the time of each over all sentences, in
-batches of --batch_size sorted by length, interleaved repetitions, median.
+again, those without terms included, with each variant asked for (`--variants BEAMS/SLACK`: the beam of the
+sentences searched again, `rule` for `constrained_beams`, and the tokens they may write beyond their translation
+without terms and the terms' own, `none` for no such bound; the defaults, `rule/0`, always). Reported: the share
+of terms the output holds (`holds`, as a reader checks it), sacreBLEU (detokenized, cased, the target language's
+tokenization, with its signature) of plain and constrained output, whether the sentences without terms kept their
+translation, and the time of each over all sentences, in batches of --batch_size sorted by length, interleaved
+repetitions, median.
 """
 
 import argparse
@@ -62,9 +64,9 @@ def length_sorted_batches(tokenizer, sources: list[str], batch_size: int) -> lis
     ]
 
 
-def translate(model, tokenizer, batches, count: int, constraints=None, words=None, beams=None) -> list[str]:
+def translate(model, tokenizer, batches, count: int, constraints=None, words=None, variant=(None, 0)) -> list[str]:
     """Each sentence's best translation: `generate()` when `constraints` is None, else `constrained_beam_search`
-    with them (a list of `Phrase`s a sentence) and `beams` for the sentences searched again (None: the rule)."""
+    with them (a list of `Phrase`s a sentence) and `variant`, (beams, slack) for the sentences searched again."""
     texts = [None] * count
     with torch.no_grad():
         for indices, batch in batches:
@@ -77,11 +79,18 @@ def translate(model, tokenizer, batches, count: int, constraints=None, words=Non
                     batch["attention_mask"],
                     [constraints[i] for i in indices],
                     words,
-                    constrained_num_beams=beams,
+                    constrained_num_beams=variant[0],
+                    length_slack=variant[1],
                 ).sequences
             for index, row in zip(indices, sequences.tolist(), strict=True):
                 texts[index] = tokenizer.decode(row, skip_special_tokens=True).strip()
     return texts
+
+
+def parsed_variant(name: str) -> tuple[int | None, int | None]:
+    """`BEAMS/SLACK` as `constrained_beam_search`'s `constrained_num_beams` and `length_slack`."""
+    beams, slack = name.split("/")
+    return (None if beams == "rule" else int(beams)), (None if slack == "none" else int(slack))
 
 
 def main():
@@ -93,11 +102,10 @@ def main():
     parser.add_argument("--sentences", type=int, default=None, help="the first this many (default: all)")
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument(
-        "--constrained_num_beams",
-        type=int,
+        "--variants",
         nargs="*",
         default=[],
-        help="fixed beams for the sentences searched again, measured beside the default rule",
+        help="BEAMS/SLACK pairs measured beside the defaults (rule/0): e.g. 8/0, rule/none",
     )
     add_repetitions(parser, 3)
     parser.add_argument("--seed", type=int, default=0, help="of the choice of terms")
@@ -119,9 +127,10 @@ def main():
     phrases = [encode_phrases(tokenizer, sentence_terms, "word", table) for sentence_terms in terms]
     wanted = [row for row, sentence_terms in enumerate(terms) if sentence_terms]
     total = sum(len(terms[row]) for row in wanted)
-    rules = {"rule": None, **{f"beam {beams}": beams for beams in args.constrained_num_beams}}
+    rules = {name: parsed_variant(name) for name in dict.fromkeys(["rule/0", *args.variants])}
     outputs = {
-        name: translate(model, tokenizer, batches, len(pairs), phrases, table, beams) for name, beams in rules.items()
+        name: translate(model, tokenizer, batches, len(pairs), phrases, table, variant)
+        for name, variant in rules.items()
     }
 
     metric = load_translation_metric()
@@ -139,8 +148,8 @@ def main():
         {
             "beam search": lambda: translate(model, tokenizer, batches, len(pairs)),
             **{
-                name: lambda beams=beams: translate(model, tokenizer, batches, len(pairs), phrases, table, beams)
-                for name, beams in rules.items()
+                name: lambda variant=variant: translate(model, tokenizer, batches, len(pairs), phrases, table, variant)
+                for name, variant in rules.items()
             },
         },
         args.repetitions,
@@ -159,7 +168,7 @@ def main():
             "num_beams": config.num_beams,
             "length_penalty": config.length_penalty,
             "max_new_tokens_over_source": getattr(config, "max_new_tokens_over_source", None),
-            "rule": {
+            "rule/0": {
                 "beams of sentences searched again": sorted(
                     {constrained_beams(config.num_beams, count) for count in token_counts}
                 )
@@ -179,7 +188,7 @@ def main():
                 "source": sources[row],
                 "terms": terms[row],
                 "beam search": plain[row],
-                "constrained": outputs["rule"][row],
+                "constrained": outputs["rule/0"][row],
             }
             for row in wanted[:8]
         ],

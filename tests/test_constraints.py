@@ -262,9 +262,9 @@ def test_a_sentence_that_lacks_its_terms_is_searched_again_on_a_wider_beam():
     finally:
         hook.remove()
     assert holds(tokenizer.decode(output.sequences[0], skip_special_tokens=True), missing)
-    # the plain search's 3 beams, then for a term of two tokens a beam of max(3, 2 + 2) rows
-    assert set(calls) == {3, 4} and calls[0] == 3 and calls[-1] == 4
-    assert constrained_beams(3, 1) == 3 and constrained_beams(4, 5) == 7
+    # the plain search's 3 beams, then for a term of two tokens a beam of max(3 x 3, 2 + 2) rows
+    assert set(calls) == {3, 9} and calls[0] == 3 and calls[-1] == 9
+    assert constrained_beams(4, 1) == 12 and constrained_beams(4, 15) == 17
 
 
 def test_the_beam_always_keeps_a_hypothesis_that_has_begun_no_term():

@@ -20,7 +20,12 @@ from hf_vanilla_transformer.tools.export_onnx import ONNX_FOLDER
 from hf_vanilla_transformer.tools.onnx_runtime import is_onnx_folder
 from hf_vanilla_transformer.tools.prefix import PrefixLogitsProcessor
 from hf_vanilla_transformer.tools.scoring import score_translations
-from hf_vanilla_transformer.tools.translate import Steering, load_translator, translate_lines_in_full, translator_kind
+from hf_vanilla_transformer.tools.translate import (
+    Steering,
+    load_translator,
+    translate_lines_in_full,
+    translator_kind,
+)
 from support.models import letter_tokenizer, tiny_model
 
 SOURCES = ["a b c d e f", "j i h", "", "b", "c c c c c c c"]
@@ -196,7 +201,7 @@ def test_alignments_are_those_of_the_models_attention_on_each_translation(folder
             pairs = [tuple(map(int, pair.split("-"))) for pair in alignment.split()]
             assert all(0 <= i < len(source.split()) and 0 <= j < len(translation.split()) for i, j in pairs)
             assert bool(pairs) == bool(source)
-            (expected,) = align(translator.model, translator.tokenizer, [source], [translation])
+            (expected,) = align(translator.aligner, translator.tokenizer, [source], [translation])
             assert pairs == expected
 
 
@@ -612,3 +617,32 @@ def test_a_term_or_prefix_that_holds_an_avoided_word_is_refused(folders, tmp_pat
     assert status == 2 and f"terms.jsonl:1: 'j i' holds 'j', which {tmp_path / 'avoid.jsonl'} bars" in err, err
     status, _, err = translate_input(capsys, folders, *avoid, "--prefix", str(tmp_path / "prefix.txt"))
     assert status == 2 and "prefix.txt:4: 'b j' holds 'j'" in err, err
+
+
+def test_a_long_n_best_list_is_searched_a_few_sentences_at_a_time_and_one_that_cannot_fit_is_refused(
+    folders, capsys, monkeypatch
+):
+    """The search's memory is bounded: with room for 4 sentences' hypotheses in `SEARCH_MEMORY`, 32 sentences go
+    through 8 searches of 4 (the encoder sees those batches, and the forced decoding that scores their 40 hypotheses
+    each), and every sentence gets its list; a request that cannot fit one sentence on this machine is refused,
+    naming the memory it needs."""
+    from hf_vanilla_transformer.tools import translate
+
+    translator = load_translator(folders["first"], "cpu", "float32")
+    lines = [source for source in SOURCES if source] * 8
+    longest = max(len(ids) for ids in translator.tokenizer(lines)["input_ids"])
+    monkeypatch.setattr(translate, "SEARCH_MEMORY", 4 * translator.search_bytes(1, longest, 40))
+    batches = []
+    hook = translator.model.get_encoder().register_forward_pre_hook(
+        lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        found = translate_lines_in_full(
+            translator, lines, 32, {"num_beams": 40}, False, Steering(n_best=40, scores=True)
+        )
+    finally:
+        hook.remove()
+    assert batches == [4, 4 * 40] * 8
+    assert [len(hypotheses) for hypotheses in found] == [40] * 32
+    status, _, err = translate_input(capsys, folders, "--n_best", "100000000")
+    assert status == 1 and "hypotheses (--n_best, --num_beams) needs about" in err and "GiB" in err, err

@@ -45,10 +45,10 @@ BEAM_SEARCH_PENALTY = -1.0e9
 
 
 def constrained_beams(num_beams: int, tokens: int) -> int:
-    """The beam a sentence whose constraints are `tokens` tokens long is searched with again: wide enough that every
-    bank (0 to `tokens` constraint tokens met) keeps a hypothesis and one more, and never narrower than `num_beams`
+    """The beam a sentence whose constraints are `tokens` tokens long is searched with again: three times the
+    model's, and wide enough that every bank (0 to `tokens` constraint tokens met) keeps a hypothesis and one more
     (Post & Vilar's beams grow with the constraints; chosen on the validation set, BENCHMARKS.md)."""
-    return max(num_beams, tokens + 2)
+    return max(3 * num_beams, tokens + 2)
 
 
 @dataclasses.dataclass
@@ -95,6 +95,7 @@ class ConstraintTables:
     """Each sentence's phrases as tensors, a slot per form (a token sequence that writes a phrase, `Phrase.forms`):
     `tokens` (sentences, forms, longest form; -1 past a form's end), `lengths` (0 for the slots of sentences with
     fewer forms), `phrase` (the index of the phrase a form writes), `opens` and `closes` (its word boundaries),
+    `may_lead` (whether it may be the sentence's first word),
     `shortest` (sentences, phrases: the fewest tokens that write each phrase; 0 for a missing one), and
     `shared_prefix[s, f, g, q]`: form g is longer than q tokens and its first q tokens are form f's first q, so a
     hypothesis q tokens into f may go on with g. `words` tells which tokens go on with a word (None: no phrase has
@@ -105,6 +106,7 @@ class ConstraintTables:
     phrase: torch.LongTensor
     opens: torch.BoolTensor
     closes: torch.BoolTensor
+    may_lead: torch.BoolTensor
     shortest: torch.LongTensor
     shared_prefix: torch.BoolTensor
     words: TokenWords | None
@@ -115,7 +117,7 @@ class ConstraintTables:
     ) -> "ConstraintTables":
         forms = [
             [
-                (index, form, opens, phrase.closes)
+                (index, form, opens, phrase.closes, phrase.may_lead)
                 for index, phrase in enumerate(sentence)
                 for form, opens in zip(phrase.forms, phrase.opens, strict=True)
             ]
@@ -123,20 +125,18 @@ class ConstraintTables:
         ]
         slots = max(1, max(map(len, forms)))  # one empty slot at least, so that no dimension is 0
         phrases = max(1, max(map(len, constraints)))
-        longest = max([1, *(len(form) for sentence in forms for _, form, _, _ in sentence)])
+        longest = max([1, *(len(form) for sentence in forms for _, form, *_ in sentence)])
         tokens = torch.full((len(constraints), slots, longest), -1, dtype=torch.long)
         phrase_of = torch.zeros(len(constraints), slots, dtype=torch.long)
         opens = torch.zeros(len(constraints), slots, dtype=torch.bool)
         closes = torch.zeros(len(constraints), slots, dtype=torch.bool)
+        may_lead = torch.zeros(len(constraints), slots, dtype=torch.bool)
         shortest = torch.zeros(len(constraints), phrases, dtype=torch.long)
         for sentence, (sentence_forms, sentence_phrases) in enumerate(zip(forms, constraints, strict=True)):
-            for slot, (index, form, form_opens, form_closes) in enumerate(sentence_forms):
+            for slot, (index, form, *flags) in enumerate(sentence_forms):
                 tokens[sentence, slot, : len(form)] = torch.tensor(form, dtype=torch.long)
-                phrase_of[sentence, slot], opens[sentence, slot], closes[sentence, slot] = (
-                    index,
-                    form_opens,
-                    form_closes,
-                )
+                phrase_of[sentence, slot] = index
+                opens[sentence, slot], closes[sentence, slot], may_lead[sentence, slot] = flags
             for index, phrase in enumerate(sentence_phrases):
                 shortest[sentence, index] = phrase.shortest
         if words is None and (opens.any() or closes.any()):
@@ -152,6 +152,7 @@ class ConstraintTables:
             phrase_of.to(device),
             opens.to(device),
             closes.to(device),
+            may_lead.to(device),
             shortest.to(device),
             (agree_before & longer).to(device),
             None if words is None else words.to(device),
@@ -166,8 +167,12 @@ class ConstraintTables:
         return torch.zeros_like(token, dtype=torch.bool) if self.words is None else self.words.joins[token]
 
     def ends_in_word(self, token: torch.LongTensor) -> torch.BoolTensor:
-        """Whether a word may go on after each token: where none may, a form that starts a word may start."""
+        """Whether a word may go on after each token: where none may, a phrase written next stands as a word."""
         return torch.zeros_like(token, dtype=torch.bool) if self.words is None else self.words.ends_in_word[token]
+
+    def opens_word(self, token: torch.LongTensor) -> torch.BoolTensor:
+        """Whether the search may place a form that starts a word right after each token (`TokenWords.opens_word`)."""
+        return torch.ones_like(token, dtype=torch.bool) if self.words is None else self.words.opens_word[token]
 
 
 @dataclasses.dataclass
@@ -210,7 +215,7 @@ class ConstraintState:
         rest = tables.lengths[self.sentence, self.form] - self.progress
         return torch.where(self.progress > 0, unmet - own + torch.minimum(rest, own), unmet)
 
-    def next_tokens(self, tables: ConstraintTables, may_open: torch.BoolTensor) -> torch.LongTensor:
+    def next_tokens(self, tables: ConstraintTables, may_open: torch.BoolTensor, leading: bool) -> torch.LongTensor:
         """(rows, 2 x forms): each form's token after the current progress, then the first token of each form that
         may start here (its phrase unmet; one that starts a word only where `may_open`), -1 where there is none:
         every token that can start or continue a constraint (fairseq's `next_tokens`)."""
@@ -218,11 +223,12 @@ class ConstraintState:
         position = self.progress.clamp(max=tokens.shape[-1] - 1)[:, None, None].expand(-1, tokens.shape[1], 1)
         unmet = ~self.met.gather(1, tables.phrase[self.sentence])
         startable = unmet & (~tables.opens[self.sentence] | may_open[:, None])
+        startable &= tables.may_lead[self.sentence] | (not leading)
         firsts = torch.where(startable, tokens[:, :, 0], -1)
         return torch.cat([tokens.gather(2, position).squeeze(2), firsts], dim=1)
 
     def advance(
-        self, tables: ConstraintTables, token: torch.LongTensor, may_open: torch.BoolTensor
+        self, tables: ConstraintTables, token: torch.LongTensor, may_open: torch.BoolTensor, leading: bool
     ) -> "ConstraintState":
         """The state after `token` (one per row; `may_open`: whether a word may start before it). A form written
         whole whose phrase waits for the word's end is met if `token` does not go on with that word, else dropped.
@@ -242,6 +248,7 @@ class ConstraintState:
         continues = unmet & shares_prefix & (tokens.gather(2, position).squeeze(2) == token[:, None])
         continues &= (progress > 0)[:, None]
         starts = unmet & (tokens[:, :, 0] == token[:, None]) & (~tables.opens[self.sentence] | may_open[:, None])
+        starts &= tables.may_lead[self.sentence] | (not leading)
         does_continue = continues.any(-1)
         form = torch.where(does_continue, continues.int().argmax(-1), starts.int().argmax(-1))
         progress = torch.where(does_continue, progress + 1, starts.any(-1).long())
@@ -262,8 +269,8 @@ def meet_constraints(
     `sentence`, meets all its constraints, read as the search reads them."""
     state = ConstraintState.start(tables, sentence)
     may_open = torch.ones_like(sentence, dtype=torch.bool)
-    for column in tokens.T:
-        state = state.advance(tables, column, may_open)
+    for column in tokens.T:  # whatever the model put first stands: `may_lead` is for placing terms only
+        state = state.advance(tables, column, may_open, leading=False)
         may_open = ~tables.ends_in_word(column)
     # a hypothesis cut without `</s>` that ends on a phrase's last word: nothing went on with it
     ended = state.pending(tables)
@@ -281,6 +288,7 @@ def allowed_tokens(
     vocab_size: int,
     eos: int,
     may_open: torch.BoolTensor,
+    leading: bool,
 ) -> torch.BoolTensor:
     """(rows, vocabulary): the tokens after which a hypothesis can still meet all its constraints in the room it
     has left (`room_left`: tokens before `</s>` it may still write after this one); `next_tokens` are the state's.
@@ -300,7 +308,7 @@ def allowed_tokens(
     # a slot without a token is checked as `</s>`, whose column is set last
     candidates = torch.where(next_tokens >= 0, next_tokens, eos)
     rows = torch.arange(len(candidates), device=candidates.device).repeat_interleave(candidates.shape[1])
-    after = state.select(rows).advance(tables, candidates.flatten(), may_open[rows])
+    after = state.select(rows).advance(tables, candidates.flatten(), may_open[rows], leading)
     allowed.scatter_(1, candidates, (after.need(tables).view_as(candidates) <= room_left))
     allowed[:, eos] = state.need(tables) == 0
     return allowed
@@ -544,6 +552,7 @@ def constrained_beam_search(
     max_new_tokens: int | None = None,
     num_return_sequences: int = 1,
     constrained_num_beams: int | None = None,
+    length_slack: int | None = 0,
     logits_processor: LogitsProcessorList | None = None,
 ) -> ConstrainedBeamSearchOutput:
     """Beam search in which every returned hypothesis of sentence i holds each of `constraints[i]` (`Phrase`s from
@@ -555,7 +564,11 @@ def constrained_beam_search(
     Where the best hypothesis meets every constraint (or there are none), that search's hypotheses that meet them
     are the result: a translation that already holds its terms is left as it was, and its rows that lack one are
     not returned (`found`). Other sentences are searched again with their constraints on a beam of
-    `constrained_num_beams` (default: `constrained_beams` of the constraints' length) by dynamic beam allocation.
+    `constrained_num_beams` (default: `constrained_beams` of the constraints' length) by dynamic beam allocation,
+    writing at most as many tokens as their translation without constraints had, plus the constraints' tokens and
+    `length_slack` (None: no such bound). Without that bound a hypothesis that has not placed its terms by the
+    sentence's end goes on writing whatever the model finds likely there and tacks them on after it; a slack of 0
+    was chosen on the validation set (BENCHMARKS.md).
 
     Each sentence ends by Section 6.1's limit, its source length + `max_new_tokens_over_source` tokens (`</s>`
     included), and after `max_new_tokens` (default: as the generation config's `max_length` allows), within
@@ -598,10 +611,13 @@ def constrained_beam_search(
     for index in again:
         beams = constrained_num_beams or constrained_beams(settings.num_beams, int(tables.total_lengths()[index]))
         groups.setdefault(max(beams, num_return_sequences), []).append(index)
+    last = plain.hypotheses.sequences[:, 0].gather(1, plain.lengths[:, :1]).squeeze(1)  # each best one's last token
+    written = plain.lengths[:, 0] - (last == settings.eos).long()
+    room_again = room if length_slack is None else room.minimum(written + tables.total_lengths() + length_slack)
     for beams, members in sorted(groups.items()):
         chosen = torch.tensor(members, device=device)
         wider = dataclasses.replace(settings, num_beams=beams)
-        found = search(model, encoder_states, attention_mask, chosen, tables, room, limits, wider, processors)
+        found = search(model, encoder_states, attention_mask, chosen, tables, room_again, limits, wider, processors)
         results.store(chosen, found.first(num_return_sequences))
     return best_hypotheses(results, num_return_sequences)
 
@@ -651,10 +667,12 @@ def search(
             log_probs = SourceLengthLimitLogitsProcessor(limits[searching], settings.eos, 1)(written, log_probs)
         log_probs = processors(written, log_probs)
         state = running.state
-        may_open = ~tables.ends_in_word(written[:, -1])
-        next_tokens = state.next_tokens(tables, may_open)
+        may_open = tables.opens_word(written[:, -1])  # where a translator would put a word
+        next_tokens = state.next_tokens(tables, may_open, step == 1)
         room_left = room[searching].repeat_interleave(beams) - step
-        allowed = allowed_tokens(state, tables, next_tokens, room_left, log_probs.shape[-1], settings.eos, may_open)
+        allowed = allowed_tokens(
+            state, tables, next_tokens, room_left, log_probs.shape[-1], settings.eos, may_open, step == 1
+        )
         if tables.words is not None:
             # a token that writes nothing would hide where words meet; and no sentence starts with a space, however
             # a phrase is written
@@ -667,7 +685,7 @@ def search(
 
         row_offset = torch.arange(len(searching), device=device)[:, None] * beams
         rows = (row_offset + candidates.beam).flatten()
-        candidate_state = state.select(rows).advance(tables, candidates.token.flatten(), may_open[rows])
+        candidate_state = state.select(rows).advance(tables, candidates.token.flatten(), may_open[rows], step == 1)
         ends = (candidates.token == settings.eos) | (step == cap)
         # transformers' beam search: of the candidates, those among the first `beams` that end are finished
         first = torch.arange(beams, device=device)[None].expand(len(searching), -1)

@@ -42,7 +42,15 @@ def score_translations(
     positions = model.config.max_position_embeddings
     forced = functools.partial(forced_decoding, model)
     vocab_size = model.config.vocab_size
-    return scored_pairs(tokenizer, sources, targets, positions, batch_size, forced, length_penalty, names, vocab_size)
+    chunk_size = pairs_per_forced_decoding(model, batch_size)
+    return scored_pairs(tokenizer, sources, targets, positions, chunk_size, forced, length_penalty, names, vocab_size)
+
+
+def pairs_per_forced_decoding(model, batch_size: int) -> int:
+    """How many pairs `forced_decoding` takes at once: `batch_size`, or one in a precision below float32, where a
+    pair's figures depend on the batch it is in (the kernels round differently for other shapes), so that a pair
+    scores the same in `vanilla-translate`'s n-best lists and in `vanilla-score`, whatever else is translated."""
+    return batch_size if model.dtype == torch.float32 else 1
 
 
 def score_lines(

@@ -33,7 +33,7 @@ from hf_vanilla_transformer.tools.avoid import AvoidLogitsProcessor
 from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator, ctranslate2_device
 from hf_vanilla_transformer.tools.export_ctranslate2 import is_ctranslate2_folder
 from hf_vanilla_transformer.tools.prefix import PrefixLogitsProcessor, prefix_token_ids
-from hf_vanilla_transformer.tools.scoring import forced_decoding, scored_ids
+from hf_vanilla_transformer.tools.scoring import forced_decoding, pairs_per_forced_decoding, scored_ids
 from hf_vanilla_transformer.tools.steering_files import warn_about_blank_lines
 from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, SteeringError, Translator, length_limit
 from hf_vanilla_transformer.tools.words import TokenWords, encode_phrases, holds
@@ -271,11 +271,13 @@ class ModelTranslator(Translator):
         texts = self.tokenizer.batch_decode([tokens for _, tokens in kept], skip_special_tokens=True)
         found_hypotheses = [Hypothesis(text) for text in texts]
         if steering.scores:
-            sources = [ids[mask.bool()].tolist() for ids, mask in zip(*batch.values(), strict=True)]
+            rows = zip(batch["input_ids"].cpu(), batch["attention_mask"].cpu(), strict=True)
+            sources = [ids[mask.bool()].tolist() for ids, mask in rows]
             pairs = [(sources[sentence], tokens) for sentence, tokens in kept]
             forced = functools.partial(forced_decoding, self.model)
             length_penalty = generate_kwargs.get("length_penalty", self.length_penalty)
-            scores = scored_ids(pairs, batch_size * count, forced, length_penalty, self.model.config.vocab_size)
+            chunk_size = pairs_per_forced_decoding(self.model, batch_size * count)
+            scores = scored_ids(pairs, chunk_size, forced, length_penalty, self.model.config.vocab_size)
             for hypothesis, score in zip(found_hypotheses, scores, strict=True):
                 hypothesis.score, hypothesis.log_probability = score.score, score.log_probability
                 hypothesis.tokens = self.tokenizer.convert_ids_to_tokens(score.token_ids)

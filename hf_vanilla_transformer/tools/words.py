@@ -13,6 +13,7 @@ word before it, so that a search can tell "Hund" from the start of "Hunde".
 """
 
 import dataclasses
+import unicodedata
 from typing import Literal
 
 import regex
@@ -24,6 +25,8 @@ PHRASE_MATCHES: tuple[PhraseMatch, ...] = ("word", "subword")
 UNSPACED_SCRIPTS = r"\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}"
 WORD_CHARACTER = regex.compile(rf"[[\p{{L}}\p{{N}}\p{{M}}]--[{UNSPACED_SCRIPTS}]]", regex.V1)
 UNSPACED_CHARACTER = regex.compile(rf"[{UNSPACED_SCRIPTS}]")
+# opening brackets (Ps), opening quotes (Pi) and dashes (Pd): a word may follow them with no space
+OPENING = ("Ps", "Pi", "Pd")
 # byte-level BPE spells a character it has no token for as its bytes; a token holding part of one decodes to this
 PART_OF_A_CHARACTER = "\ufffd"
 
@@ -54,12 +57,15 @@ class TokenWords:
     """What each token of a vocabulary does to words (a tensor each, indexed by token id): `joins[v]`, written right
     after a word character, it goes on with that word (its text starts with a word character, and the tokenizer
     puts no space between tokens); `ends_in_word[v]`, its text ends with a word character, so that a word may go on
-    after it; `starts_with_space[v]`, its text starts with whitespace, which no sentence does; `silent[v]`, it
-    writes no text (a special token but `</s>`, or an id beyond the tokenizer's), so that it would hide where words
-    meet. Special tokens do none of the others: `</s>` ends a word."""
+    after it; `opens_word[v]`, a word may follow it directly as typesetting has it (its text ends with a space, an
+    opening bracket or quote, a dash or a straight quote, not a comma or a full stop, after which a space comes
+    first; and the decoder's start); `starts_with_space[v]`, its text starts with whitespace, which no sentence
+    does; `silent[v]`, it writes no text (a special token but `</s>`, or an id beyond the tokenizer's), so that it
+    would hide where words meet. Special tokens do none of the others: `</s>` ends a word."""
 
     joins: torch.BoolTensor
     ends_in_word: torch.BoolTensor
+    opens_word: torch.BoolTensor
     starts_with_space: torch.BoolTensor
     silent: torch.BoolTensor
 
@@ -74,16 +80,18 @@ class TokenWords:
         texts = tokenizer.batch_decode([[index] for index in ids], **decode)
         twice = tokenizer.batch_decode([[index, index] for index in ids], **decode)
         special = set(tokenizer.all_special_ids)
-        joins, ends_in_word, starts_with_space = (torch.zeros(size, dtype=torch.bool) for _ in range(3))
+        joins, ends_in_word, opens_word, starts_with_space = (torch.zeros(size, dtype=torch.bool) for _ in range(4))
         silent = torch.ones(size, dtype=torch.bool)
         for index, text, doubled in zip(ids, texts, twice, strict=True):
             silent[index] = index in special and index != tokenizer.eos_token_id
             if index in special or not text:
+                opens_word[index] = True  # the decoder's start: the sentence's first word follows
                 continue
             joins[index] = doubled == text + text and is_word_character(text[0])
             ends_in_word[index] = is_word_character(text[-1])
+            opens_word[index] = text[-1].isspace() or text[-1] in "\"'" or unicodedata.category(text[-1]) in OPENING
             starts_with_space[index] = text[0].isspace()
-        return cls(joins, ends_in_word, starts_with_space, silent)
+        return cls(joins, ends_in_word, opens_word, starts_with_space, silent)
 
     def to(self, device: torch.device) -> "TokenWords":
         return TokenWords(*(getattr(self, field.name).to(device) for field in dataclasses.fields(self)))
@@ -94,13 +102,16 @@ class Phrase:
     """A word or phrase as the model may write it: `text` as the tokenizer normalises it; `forms`, the token
     sequences that spell it, the first as it stands after a space; `opens[i]`, form i may start only where a word
     may (the sentence's start, or after a token that does not end in a word character); `closes`, the token after
-    it must not go on with its last word (it ends in a word character). Both are False for a phrase matched as
-    subwords, and for token ids given directly (`Phrase.of_tokens`)."""
+    it must not go on with its last word (it ends in a word character); `may_lead`, it may be the sentence's first
+    word (not where it starts with a small letter: a sentence of a script with capitals starts with a capital).
+    `opens` and `closes` are False for a phrase matched as subwords, and all three are permissive for token ids
+    given directly (`Phrase.of_tokens`)."""
 
     text: str
     forms: tuple[tuple[int, ...], ...]
     opens: tuple[bool, ...]
     closes: bool
+    may_lead: bool = True
 
     @classmethod
     def of_tokens(cls, tokens: list[int]) -> "Phrase":
@@ -144,11 +155,12 @@ def encode_phrases(
             if UNSPACED_CHARACTER.match(text):
                 forms = forms[1:]
         forms = list(dict.fromkeys(forms))
+        may_lead = not text[0].islower()
         if match == "subword":
-            encoded.append(Phrase(text, tuple(forms), (False,) * len(forms), False))
+            encoded.append(Phrase(text, tuple(forms), (False,) * len(forms), False, may_lead))
             continue
         opens = tuple(is_word_character(text[0]) and bool(words.joins[form[0]]) for form in forms)
         if all(opens):  # a tokenizer that cannot mark a word's start (no space of its own): any start will do
             opens = (False,) * len(forms)
-        encoded.append(Phrase(text, tuple(forms), opens, is_word_character(text[-1])))
+        encoded.append(Phrase(text, tuple(forms), opens, is_word_character(text[-1]), may_lead))
     return encoded
