@@ -1,6 +1,9 @@
 """Terminology constraints (tools/constraints.py): every hypothesis contains its constraints, the search without
 constraints is transformers' beam search, scores are the model's, and the decoder runs once per token."""
 
+import functools
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -305,3 +308,72 @@ def test_every_hypothesis_holds_each_term_as_whole_words_and_starts_with_no_spac
             assert all(holds(row, term, match) for term in terms), row
             # what the model's own search wrote stays as it was; the constrained search starts with no space
             assert row in plain or not row[:1].isspace(), row
+
+
+def test_with_one_beam_the_search_without_constraints_is_greedy_search():
+    model, tokenizer, text, _ = beam_search_example()
+    batch = tokenizer([text, "j", "d e f", "a a a"], return_tensors="pt", padding=True)
+    expected = model.generate(**batch, num_beams=1, max_new_tokens=8)
+    output = constrained_beam_search(model, **batch, constraints=[[], [], [], []], num_beams=1, max_new_tokens=8)
+    decode = functools.partial(tokenizer.batch_decode, skip_special_tokens=True)
+    assert decode(output.sequences) == decode(expected)
+
+
+@pytest.fixture(scope="module")
+def trained_translator(trained_run):
+    """The trained run's model as vanilla-translate loads it, in float32, and 40 test2016 pairs."""
+    from hf_vanilla_transformer.tools.translate import load_translator
+    from hf_vanilla_transformer.training.data import read_translation_file
+    from support.paths import TEST
+
+    pairs = list(read_translation_file(TEST, "en", "de"))[:40]
+    return load_translator(str(trained_run.output), "cpu", "float32"), pairs
+
+
+def translations(translator, sources: list[str], terms: list[list[str]] | None = None, **decoding) -> list[str]:
+    from hf_vanilla_transformer.tools.translate import Steering, translate_lines_in_full
+
+    steering = Steering(constraints=terms)
+    return [found[0].text for found in translate_lines_in_full(translator, sources, 8, decoding, False, steering)]
+
+
+def test_the_trained_model_places_reference_words_inside_its_sentences(trained_translator):
+    """Terms from the reference that the translation lacks (as bench constraints picks them): each translation holds
+    them as whole words, starts with no space and says nothing after its sentence's end that the translation without
+    them did not; a line without terms keeps its translation."""
+    translator, pairs = trained_translator
+    sources = [source for source, _ in pairs]
+    plain = translations(translator, sources)
+    terms = [
+        [word for word in reference.rstrip(".").split() if len(word) >= 4 and not holds(text, word)][-2:][: 1 + i % 2]
+        for i, ((_, reference), text) in enumerate(zip(pairs, plain, strict=True))
+    ]
+    steered = translations(translator, sources, terms)
+    ends_then_goes_on = re.compile(r"[.!?]\s+\S")
+    for text, before, line_terms in zip(steered, plain, terms, strict=True):
+        assert all(holds(text, term) for term in line_terms), (line_terms, text)
+        assert not text[:1].isspace(), text
+        assert not ends_then_goes_on.search(text) or ends_then_goes_on.search(before), (line_terms, text)
+        if not line_terms:
+            assert text == before
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_term_placed_first_starts_the_sentence_with_no_space(trained_translator, num_beams):
+    """The issue's `["Ein"]` for "A dog runs in the snow.", and each reference's first word as a term: the bare
+    spelling at the sentence's start, no stray space, with greedy decoding and beam search."""
+    translator, pairs = trained_translator
+    sources = [source for source, _ in pairs]
+    terms = [[reference.split()[0]] for _, reference in pairs]
+    for text, (term,) in zip(translations(translator, sources, terms, num_beams=num_beams), terms, strict=True):
+        assert holds(text, term) and not text[:1].isspace(), (term, text)
+    (text,) = translations(translator, ["A dog runs in the snow."], [["Ein"]], num_beams=num_beams)
+    assert text.startswith("Ein ") and not any(word.startswith("Ein") and word != "Ein" for word in text.split()[1:])
+
+
+def test_terms_the_trained_models_translation_already_holds_leave_it_as_it_was(trained_translator):
+    translator, pairs = trained_translator
+    sources = [source for source, _ in pairs]
+    plain = translations(translator, sources)
+    terms = [[max(text.rstrip(".").split(), key=len)] for text in plain]  # each translation's longest word
+    assert translations(translator, sources, terms) == plain

@@ -95,7 +95,9 @@ class ConstraintTables:
     """Each sentence's phrases as tensors, a slot per form (a token sequence that writes a phrase, `Phrase.forms`):
     `tokens` (sentences, forms, longest form; -1 past a form's end), `lengths` (0 for the slots of sentences with
     fewer forms), `phrase` (the index of the phrase a form writes), `opens` and `closes` (its word boundaries),
-    `may_lead` (whether it may be the sentence's first word),
+    `may_lead` (whether it may be the sentence's first word), `sentence_ends` (the tokens that end a sentence its
+    translation may write: as many as its translation without constraints has, the last once all are met; None
+    before that is known),
     `shortest` (sentences, phrases: the fewest tokens that write each phrase; 0 for a missing one), and
     `shared_prefix[s, f, g, q]`: form g is longer than q tokens and its first q tokens are form f's first q, so a
     hypothesis q tokens into f may go on with g. `words` tells which tokens go on with a word (None: no phrase has
@@ -110,6 +112,7 @@ class ConstraintTables:
     shortest: torch.LongTensor
     shared_prefix: torch.BoolTensor
     words: TokenWords | None
+    sentence_ends: torch.LongTensor | None = None
 
     @classmethod
     def build(
@@ -170,6 +173,9 @@ class ConstraintTables:
         """Whether a word may go on after each token: where none may, a phrase written next stands as a word."""
         return torch.zeros_like(token, dtype=torch.bool) if self.words is None else self.words.ends_in_word[token]
 
+    def ends_sentence(self, token: torch.LongTensor) -> torch.BoolTensor:
+        return torch.zeros_like(token, dtype=torch.bool) if self.words is None else self.words.ends_sentence[token]
+
     def opens_word(self, token: torch.LongTensor) -> torch.BoolTensor:
         """Whether the search may place a form that starts a word right after each token (`TokenWords.opens_word`)."""
         return torch.ones_like(token, dtype=torch.bool) if self.words is None else self.words.opens_word[token]
@@ -180,20 +186,22 @@ class ConstraintState:
     """Where each hypothesis stands (Post & Vilar's constraint coverage): the phrases it has `met` (missing ones
     count as met), and `progress` tokens into form `form`, the one it is in the middle of (0: none). A form whose
     phrase `closes` stays at its full length until the next token: met if that token does not go on with its last
-    word, dropped if it does. Rows belong to sentences `sentence`."""
+    word, dropped if it does. `sentence_ends`: the tokens it has written that end a sentence. Rows belong to
+    sentences `sentence`."""
 
     sentence: torch.LongTensor
     met: torch.BoolTensor
     form: torch.LongTensor
     progress: torch.LongTensor
+    sentence_ends: torch.LongTensor
 
     @classmethod
     def start(cls, tables: ConstraintTables, sentence: torch.LongTensor) -> "ConstraintState":
         zeros = torch.zeros_like(sentence)
-        return cls(sentence, tables.shortest[sentence] == 0, zeros, zeros)
+        return cls(sentence, tables.shortest[sentence] == 0, zeros, zeros, zeros)
 
     def select(self, rows: torch.LongTensor) -> "ConstraintState":
-        return ConstraintState(self.sentence[rows], self.met[rows], self.form[rows], self.progress[rows])
+        return ConstraintState(*(getattr(self, field.name)[rows] for field in dataclasses.fields(self)))
 
     def current_phrase(self, tables: ConstraintTables) -> torch.LongTensor:
         return tables.phrase[self.sentence, self.form]
@@ -256,7 +264,8 @@ class ConstraintState:
         completes &= ~tables.closes[self.sentence].gather(1, form[:, None]).squeeze(1)
         phrase = sentence_phrase.gather(1, form[:, None]).squeeze(1)
         met = met | (torch.nn.functional.one_hot(phrase, slots).bool() & completes[:, None])
-        return ConstraintState(self.sentence, met, form, torch.where(completes, 0, progress))
+        sentence_ends = self.sentence_ends + tables.ends_sentence(token).long()
+        return ConstraintState(self.sentence, met, form, torch.where(completes, 0, progress), sentence_ends)
 
     def meets_all(self) -> torch.BoolTensor:
         return self.met.all(-1)
@@ -303,8 +312,13 @@ def allowed_tokens(
     ended = state.pending(tables)[:, None] & torch.nn.functional.one_hot(state.current_phrase(tables), slots).bool()
     if_joins = state.unmet_tokens(tables)[:, None] <= room_left
     if_ends = state.unmet_tokens(tables, state.met | ended)[:, None] <= room_left
-    joins = tables.joins(torch.arange(vocab_size, device=room_left.device))
-    allowed = torch.where(joins[None, :], if_joins, if_ends)
+    vocabulary = torch.arange(vocab_size, device=room_left.device)
+    allowed = torch.where(tables.joins(vocabulary)[None, :], if_joins, if_ends)
+    if tables.sentence_ends is not None:
+        # the translation ends its sentences where the one without constraints did: no term after the last end
+        written, most = state.sentence_ends[:, None], tables.sentence_ends[state.sentence][:, None]
+        last_too_soon = (written == most - 1) & (state.unmet_tokens(tables, state.met | ended) > 0)[:, None]
+        allowed &= ~(tables.ends_sentence(vocabulary)[None, :] & ((written >= most) | last_too_soon))
     # a slot without a token is checked as `</s>`, whose column is set last
     candidates = torch.where(next_tokens >= 0, next_tokens, eos)
     rows = torch.arange(len(candidates), device=candidates.device).repeat_interleave(candidates.shape[1])
@@ -566,9 +580,10 @@ def constrained_beam_search(
     not returned (`found`). Other sentences are searched again with their constraints on a beam of
     `constrained_num_beams` (default: `constrained_beams` of the constraints' length) by dynamic beam allocation,
     writing at most as many tokens as their translation without constraints had, plus the constraints' tokens and
-    `length_slack` (None: no such bound). Without that bound a hypothesis that has not placed its terms by the
-    sentence's end goes on writing whatever the model finds likely there and tacks them on after it; a slack of 0
-    was chosen on the validation set (BENCHMARKS.md).
+    `length_slack` (None: no such bound), and ending as many sentences (a full stop, a question mark, ...), the last
+    once every constraint is met. Without these bounds a hypothesis that has not placed its terms by the sentence's
+    end goes on writing whatever the model finds likely there and tacks them on after it; a slack of 0 was chosen
+    on the validation set (BENCHMARKS.md).
 
     Each sentence ends by Section 6.1's limit, its source length + `max_new_tokens_over_source` tokens (`</s>`
     included), and after `max_new_tokens` (default: as the generation config's `max_length` allows), within
@@ -602,24 +617,36 @@ def constrained_beam_search(
     unconstrained = ConstraintTables.build([[] for _ in range(sentences)], None, device)
     plain = search(model, encoder_states, attention_mask, everyone, unconstrained, room, limits, settings, processors)
     results = plain.first(num_return_sequences)
-    longest = int(results.lengths.max())
-    tokens = results.hypotheses.sequences[:, :, 1 : longest + 1].flatten(0, 1)
+    tokens = results.hypotheses.sequences[:, :, 1 : int(results.lengths.max()) + 1].flatten(0, 1)
     meets = meet_constraints(tables, everyone.repeat_interleave(num_return_sequences), tokens)
     results = results.keeping(meets.view_as(results.found))
+    tables, room = bounded_by(plain, tables, room, length_slack, settings.eos)
     again = [index for index in range(sentences) if constraints[index] and not results.found[index, 0]]
     groups: dict[int, list[int]] = {}
     for index in again:
         beams = constrained_num_beams or constrained_beams(settings.num_beams, int(tables.total_lengths()[index]))
         groups.setdefault(max(beams, num_return_sequences), []).append(index)
-    last = plain.hypotheses.sequences[:, 0].gather(1, plain.lengths[:, :1]).squeeze(1)  # each best one's last token
-    written = plain.lengths[:, 0] - (last == settings.eos).long()
-    room_again = room if length_slack is None else room.minimum(written + tables.total_lengths() + length_slack)
     for beams, members in sorted(groups.items()):
         chosen = torch.tensor(members, device=device)
         wider = dataclasses.replace(settings, num_beams=beams)
-        found = search(model, encoder_states, attention_mask, chosen, tables, room_again, limits, wider, processors)
+        found = search(model, encoder_states, attention_mask, chosen, tables, room, limits, wider, processors)
         results.store(chosen, found.first(num_return_sequences))
     return best_hypotheses(results, num_return_sequences)
+
+
+def bounded_by(
+    plain: "Finished", tables: ConstraintTables, room: torch.LongTensor, length_slack: int | None, eos: int
+) -> tuple[ConstraintTables, torch.LongTensor]:
+    """What each sentence's best translation without constraints (`plain`'s first) bounds in the search with them:
+    as many tokens that end a sentence (`ConstraintTables.sentence_ends`), and as many tokens, plus the
+    constraints' own and `length_slack` (None: only `room`, the length limit)."""
+    best, lengths = plain.hypotheses.sequences[:, 0], plain.lengths[:, 0]
+    written = lengths - (best.gather(1, lengths[:, None]).squeeze(1) == eos).long()  # without `</s>`
+    generated = torch.arange(1, best.shape[1], device=best.device) <= written[:, None]
+    tables = dataclasses.replace(tables, sentence_ends=(tables.ends_sentence(best[:, 1:]) & generated).sum(-1))
+    if length_slack is None:
+        return tables, room
+    return tables, room.minimum(written + tables.total_lengths() + length_slack)
 
 
 def search(

@@ -27,6 +27,9 @@ WORD_CHARACTER = regex.compile(rf"[[\p{{L}}\p{{N}}\p{{M}}]--[{UNSPACED_SCRIPTS}]
 UNSPACED_CHARACTER = regex.compile(rf"[{UNSPACED_SCRIPTS}]")
 # opening brackets (Ps), opening quotes (Pi) and dashes (Pd): a word may follow them with no space
 OPENING = ("Ps", "Pi", "Pd")
+SENTENCE_ENDS = ".!?…。！？"
+# what may follow a sentence's end: closing quotes and brackets, spaces
+CLOSING = "\"'”’»)]}」』） \t"
 # byte-level BPE spells a character it has no token for as its bytes; a token holding part of one decodes to this
 PART_OF_A_CHARACTER = "\ufffd"
 
@@ -61,11 +64,14 @@ class TokenWords:
     opening bracket or quote, a dash or a straight quote, not a comma or a full stop, after which a space comes
     first; and the decoder's start); `starts_with_space[v]`, its text starts with whitespace, which no sentence
     does; `silent[v]`, it writes no text (a special token but `</s>`, or an id beyond the tokenizer's), so that it
-    would hide where words meet. Special tokens do none of the others: `</s>` ends a word."""
+    would hide where words meet; `ends_sentence[v]`, its text ends a sentence (a full stop, question or exclamation
+    mark, or an ellipsis, Latin or CJK, before any closing quotes or brackets). Special tokens do none of the
+    others: `</s>` ends a word."""
 
     joins: torch.BoolTensor
     ends_in_word: torch.BoolTensor
     opens_word: torch.BoolTensor
+    ends_sentence: torch.BoolTensor
     starts_with_space: torch.BoolTensor
     silent: torch.BoolTensor
 
@@ -80,7 +86,9 @@ class TokenWords:
         texts = tokenizer.batch_decode([[index] for index in ids], **decode)
         twice = tokenizer.batch_decode([[index, index] for index in ids], **decode)
         special = set(tokenizer.all_special_ids)
-        joins, ends_in_word, opens_word, starts_with_space = (torch.zeros(size, dtype=torch.bool) for _ in range(4))
+        joins, ends_in_word, opens_word, ends_sentence, starts_with_space = (
+            torch.zeros(size, dtype=torch.bool) for _ in range(5)
+        )
         silent = torch.ones(size, dtype=torch.bool)
         for index, text, doubled in zip(ids, texts, twice, strict=True):
             silent[index] = index in special and index != tokenizer.eos_token_id
@@ -90,8 +98,9 @@ class TokenWords:
             joins[index] = doubled == text + text and is_word_character(text[0])
             ends_in_word[index] = is_word_character(text[-1])
             opens_word[index] = text[-1].isspace() or text[-1] in "\"'" or unicodedata.category(text[-1]) in OPENING
+            ends_sentence[index] = text.rstrip(CLOSING).endswith(tuple(SENTENCE_ENDS))
             starts_with_space[index] = text[0].isspace()
-        return cls(joins, ends_in_word, opens_word, starts_with_space, silent)
+        return cls(joins, ends_in_word, opens_word, ends_sentence, starts_with_space, silent)
 
     def to(self, device: torch.device) -> "TokenWords":
         return TokenWords(*(getattr(self, field.name).to(device) for field in dataclasses.fields(self)))
