@@ -43,7 +43,7 @@ def worker(model: str, sentences: int, n_best: int) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, help="a trained model folder")
+    parser.add_argument("--model", help="a trained model folder")
     parser.add_argument("--n_best", type=int, nargs="+", default=[1, 10, 100, 1000])
     parser.add_argument("--sentences", type=int, nargs="+", default=[1, 32], help="one sentence; a default batch")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -51,6 +51,8 @@ def main():
     if args.worker:
         print(json.dumps(worker(*json.loads(args.worker))))
         return
+    if args.model is None:
+        parser.error("the following arguments are required: --model")
     runs = [{"sentences": 0, "n_best": 0, **in_own_process("bench.bench_nbest_memory", args.model, 0, 0)}]
     for sentences in args.sentences:
         for n_best in args.n_best:

@@ -42,15 +42,18 @@ def score_translations(
     positions = model.config.max_position_embeddings
     forced = functools.partial(forced_decoding, model)
     vocab_size = model.config.vocab_size
-    chunk_size = pairs_per_forced_decoding(model, batch_size)
-    return scored_pairs(tokenizer, sources, targets, positions, chunk_size, forced, length_penalty, names, vocab_size)
+    same_shapes = exact_scores_need_same_shapes(model)
+    return scored_pairs(
+        tokenizer, sources, targets, positions, batch_size, forced, length_penalty, names, vocab_size, same_shapes
+    )
 
 
-def pairs_per_forced_decoding(model, batch_size: int) -> int:
-    """How many pairs `forced_decoding` takes at once: `batch_size`, or one in a precision below float32, where a
-    pair's figures depend on the batch it is in (the kernels round differently for other shapes), so that a pair
-    scores the same in `vanilla-translate`'s n-best lists and in `vanilla-score`, whatever else is translated."""
-    return batch_size if model.dtype == torch.float32 else 1
+def exact_scores_need_same_shapes(model) -> bool:
+    """Whether a pair scores the same in any batch only among pairs of its own shape: in a precision below float32
+    padding changes a pair's figures (the kernels round differently; no figure changed among pairs of one shape, in
+    bfloat16 on the CPUs here), and a pair must score the same in `vanilla-translate`'s n-best lists and in
+    `vanilla-score`, whatever else is scored with it."""
+    return model.dtype != torch.float32
 
 
 def score_lines(
@@ -117,6 +120,7 @@ def scored_pairs(
     length_penalty: float | None,
     names: tuple[str, str],
     vocab_size: int = 0,
+    same_shapes: bool = False,
 ) -> list[SequenceScore]:
     """Each pair tokenized (without the whitespace around a sentence, as the pipeline translates it; targets
     given as token ids are taken as they are), checked, scored by `score_chunk` a chunk at a time, longest pairs
@@ -133,7 +137,7 @@ def scored_pairs(
             number, length = too_long
             raise ValueError(f"{name}:{number}: {length} tokens, more than the model's {max_positions} positions")
     pairs = list(zip(source_ids, target_ids, strict=True))
-    return scored_ids(pairs, chunk_size, score_chunk, length_penalty, vocab_size)
+    return scored_ids(pairs, chunk_size, score_chunk, length_penalty, vocab_size, same_shapes)
 
 
 # the most logits a chunk of forced decoding computes at once (pairs x target tokens x vocabulary), so that an n-best
@@ -147,21 +151,25 @@ def scored_ids(
     score_chunk: ChunkScorer,
     length_penalty: float | None,
     vocab_size: int = 0,
+    same_shapes: bool = False,
 ) -> list[SequenceScore]:
     """Each (source ids, target ids) pair scored by `score_chunk` a chunk at a time (at most `chunk_size` pairs, and
     as many as `LOGITS_PER_CHUNK` logits over `vocab_size` tokens allow), longest pairs first so that a chunk holds
-    little padding, and returned in input order."""
-    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]) + len(pairs[i][1]), reverse=True)
+    little padding, and returned in input order. With `same_shapes` a chunk holds pairs of one source length and
+    one target length only, so none is padded (`exact_scores_need_same_shapes`)."""
+    order = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][0]) + len(pairs[i][1]), len(pairs[i][0])))[::-1]
     results: list[SequenceScore | None] = [None] * len(pairs)
     start = 0
     while start < len(order):
-        longest = max(1, len(pairs[order[start]][1]))  # the chunk's first pair is its longest
-        size = max(1, min(chunk_size, LOGITS_PER_CHUNK // max(1, longest * vocab_size)))
+        first = pairs[order[start]]  # the chunk's longest pair
+        size = max(1, min(chunk_size, LOGITS_PER_CHUNK // max(1, len(first[1]) * vocab_size)))
         chunk = order[start : start + size]
+        if same_shapes:
+            chunk = [i for i in chunk if (len(pairs[i][0]), len(pairs[i][1])) == (len(first[0]), len(first[1]))]
         outputs = score_chunk([pairs[i] for i in chunk])
         for index, (tokens, log_probs) in zip(chunk, outputs, strict=True):
             results[index] = scored(tokens, log_probs, length_penalty)
-        start += size
+        start += len(chunk)
     return results
 
 

@@ -33,7 +33,7 @@ from hf_vanilla_transformer.tools.avoid import AvoidLogitsProcessor
 from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator, ctranslate2_device
 from hf_vanilla_transformer.tools.export_ctranslate2 import is_ctranslate2_folder
 from hf_vanilla_transformer.tools.prefix import PrefixLogitsProcessor, prefix_token_ids
-from hf_vanilla_transformer.tools.scoring import forced_decoding, pairs_per_forced_decoding, scored_ids
+from hf_vanilla_transformer.tools.scoring import exact_scores_need_same_shapes, forced_decoding, scored_ids
 from hf_vanilla_transformer.tools.steering_files import warn_about_blank_lines
 from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, SteeringError, Translator, length_limit
 from hf_vanilla_transformer.tools.words import TokenWords, encode_phrases, holds
@@ -276,8 +276,9 @@ class ModelTranslator(Translator):
             pairs = [(sources[sentence], tokens) for sentence, tokens in kept]
             forced = functools.partial(forced_decoding, self.model)
             length_penalty = generate_kwargs.get("length_penalty", self.length_penalty)
-            chunk_size = pairs_per_forced_decoding(self.model, batch_size * count)
-            scores = scored_ids(pairs, chunk_size, forced, length_penalty, self.model.config.vocab_size)
+            same_shapes = exact_scores_need_same_shapes(self.model)
+            vocab_size = self.model.config.vocab_size
+            scores = scored_ids(pairs, batch_size * count, forced, length_penalty, vocab_size, same_shapes)
             for hypothesis, score in zip(found_hypotheses, scores, strict=True):
                 hypothesis.score, hypothesis.log_probability = score.score, score.log_probability
                 hypothesis.tokens = self.tokenizer.convert_ids_to_tokens(score.token_ids)
