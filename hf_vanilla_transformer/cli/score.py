@@ -232,7 +232,8 @@ def json_line(score, tokenizer, alignment: str | None = None) -> str:
         "tokens": tokens,
         "token_log_probs": score.token_log_probs,
     }
-    return json.dumps(fields | ({"alignment": alignment} if alignment is not None else {}), ensure_ascii=False)
+    fields |= {"alignment": alignment} if alignment is not None else {}
+    return json.dumps(fields, ensure_ascii=False, allow_nan=False)
 
 
 if __name__ == "__main__":

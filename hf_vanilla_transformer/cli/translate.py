@@ -21,7 +21,6 @@ def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
     import torch
 
-    from hf_vanilla_transformer.files import InputError
     from hf_vanilla_transformer.loading import load_tokenizer, model_folder
     from hf_vanilla_transformer.tools.ctranslate2_runtime import COMPUTE_TYPES
     from hf_vanilla_transformer.tools.ensemble import MembersDiffer
@@ -210,16 +209,16 @@ def main(argv: list[str] | None = None) -> None:
             inter_threads=args.inter_threads,
             intra_threads=args.intra_threads,
         )
+        streaming = args.buffer_size or (args.input == "-" and sys.stdin.isatty())
+        lines = None if streaming else read_lines(args.input)  # bad input: one line naming it, exit status 1
         try:
             if args.prefix or args.constraints or args.avoid:
                 check_steering_texts(load_tokenizer(model_folder(args.model[0])), steering)
-            streaming = args.buffer_size or (args.input == "-" and sys.stdin.isatty())
-            if not streaming:
-                lines = read_lines(args.input)
+            if lines is not None:
                 check_line_counts(steering, len(lines), args.input)
                 if args.prefix or args.constraints:  # what fits, and what clashes with --avoid
                     check_steering_of(args.model[0], lines, steering, args.max_new_tokens)
-        except (SteeringError, InputError) as error:
+        except SteeringError as error:
             parser.error(str(error))
         if args.seed is not None:  # before the translator starts: CTranslate2 seeds its workers as it starts them
             translator_kind(args.model).set_seed(args.seed)
@@ -235,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         if streaming:
             try:
                 translate_stream(translator, steering, args, generate_kwargs, layout)
-            except (SteeringError, InputError) as error:
+            except SteeringError as error:
                 parser.error(str(error))
             return
         found = translate_lines_in_full(
