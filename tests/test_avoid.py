@@ -11,23 +11,13 @@ from transformers.generation import LogitsProcessorList
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
 from hf_vanilla_transformer.tools.avoid import AvoidLogitsProcessor, ctranslate2_suppress_sequences
 from hf_vanilla_transformer.tools.constraints import constrained_beam_search
-from hf_vanilla_transformer.tools.words import TokenWords, encode_phrases, holds
-from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
-from support.models import tiny_model
-
-GERMAN = [
-    "Ein Hund läuft im Schnee.",
-    "Der Hund schläft im Haus.",
-    "Zwei Hunde spielen im Park.",
-    "Eine Frau liest ein Buch.",
-    "Kinder spielen „Fußball“ im Garten.",
-]
+from hf_vanilla_transformer.tools.words import encode_phrases, holds
+from support.models import german_tokenizer, tiny_model
 
 
 @pytest.fixture(scope="module")
 def german():
-    tokenizer = train_shared_bpe(GERMAN * 30, 400)
-    return tokenizer, TokenWords.of(tokenizer)
+    return german_tokenizer()
 
 
 def ids(tokenizer, *pieces: str) -> list[int]:

@@ -19,7 +19,7 @@ from hf_vanilla_transformer.tools.constraints import (
 )
 from hf_vanilla_transformer.tools.words import TokenWords, encode_phrases, holds
 from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
-from support.models import EOS, PAD, beam_search_example, letter_tokenizer, tiny_model
+from support.models import EOS, PAD, beam_search_example, german_tokenizer, letter_tokenizer, tiny_model
 
 VOCAB = 30
 
@@ -192,21 +192,9 @@ def test_the_encoder_runs_once_and_the_decoder_reads_one_token_a_step():
     assert len(calls["decoder"]) >= output.sequences.shape[1] - 1
 
 
-GERMAN = [
-    "Ein Hund läuft im Schnee.",
-    "Der Hund schläft im Haus.",
-    "Zwei Hunde spielen im Park.",
-    "Eine Frau liest ein Buch.",
-    "Kinder spielen „Fußball“ im Garten.",
-    "Der Einsatz der Feuerwehr.",
-]
-
-
 @pytest.fixture(scope="module")
 def german():
-    """A byte-level BPE over a few German sentences and its `TokenWords`."""
-    tokenizer = train_shared_bpe(GERMAN * 30, 400)
-    return tokenizer, TokenWords.of(tokenizer)
+    return german_tokenizer()
 
 
 def test_a_term_is_met_as_whole_words_wherever_a_word_may_stand(german):

@@ -422,64 +422,18 @@ def test_vanilla_score_of_the_tokens_jsonl_gives_is_the_n_best_lists_own(
 
     paths = [folders[name] for name in models]
     translated, scored = tmp_path / "out.jsonl", tmp_path / "scored.jsonl"
-    translate_main(
-        [
-            "--model",
-            *paths,
-            "--input",
-            folders["input"],
-            "--n_best",
-            "3",
-            "--format",
-            "jsonl",
-            "--dtype",
-            dtype,
-            "--output",
-            str(translated),
-        ]
-    )
-    score_main(
-        [
-            "--model",
-            *paths,
-            "--source",
-            folders["input"],
-            "--target",
-            str(translated),
-            "--target_format",
-            "jsonl",
-            "--format",
-            "jsonl",
-            "--dtype",
-            dtype,
-            "--output",
-            str(scored),
-        ]
-    )
+    model_and_input = ["--model", *paths, "--dtype", dtype]
+    translate_main([*model_and_input, "--input", folders["input"], "--n_best", "3", "--format", "jsonl"])
+    translated.write_text(capsys.readouterr().out)
+    given = ["--source", folders["input"], "--target", str(translated), "--target_format", "jsonl", "--format", "jsonl"]
+    score_main([*model_and_input, *given, "--output", str(scored)])
     for line, again in zip(translated.read_text().splitlines(), scored.read_text().splitlines(), strict=True):
         hypotheses, rescored = strict_json(line)["translations"], strict_json(again)["translations"]
         assert [h["tokens"] for h in rescored] == [h["tokens"] for h in hypotheses]
         for field in ("log_probability", "score"):
             assert [h[field] for h in rescored] == pytest.approx([h[field] for h in hypotheses], abs=tolerance)
     # a length penalty of one's own, as marian-scorer and sockeye-score take it
-    score_main(
-        [
-            "--model",
-            *paths,
-            "--source",
-            folders["input"],
-            "--target",
-            str(translated),
-            "--target_format",
-            "jsonl",
-            "--format",
-            "jsonl",
-            "--length_penalty",
-            "1.0",
-            "--output",
-            str(scored),
-        ]
-    )
+    score_main([*model_and_input, *given, "--length_penalty", "1.0", "--output", str(scored)])
     for again in scored.read_text().splitlines():
         for hypothesis in strict_json(again)["translations"]:
             if hypothesis["tokens"]:

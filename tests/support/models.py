@@ -106,3 +106,23 @@ def generate_text(model, tokenizer, sentences, **kwargs) -> list[str]:
     batch = tokenizer(sentences, return_tensors="pt", padding=True)
     with torch.no_grad():
         return tokenizer.batch_decode(model.generate(**batch, **kwargs), skip_special_tokens=True)
+
+
+GERMAN = [
+    "Ein Hund läuft im Schnee.",
+    "Der Hund schläft im Haus.",
+    "Zwei Hunde spielen im Park.",
+    "Eine Frau liest ein Buch.",
+    "Kinder spielen „Fußball“ im Garten.",
+    "Der Einsatz der Feuerwehr.",
+]
+
+
+def german_tokenizer():
+    """A byte-level BPE over a few German sentences, as `train_bpe.py` trains one, and its `TokenWords`: words at a
+    sentence's start and after a space are spelled apart, and some are pieces of longer ones."""
+    from hf_vanilla_transformer.tools.words import TokenWords
+    from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
+
+    tokenizer = train_shared_bpe(GERMAN * 30, 400)
+    return tokenizer, TokenWords.of(tokenizer)
