@@ -29,8 +29,10 @@ class CTranslate2Translator(Translator):
     paper's: beam 4, length penalty 0.6, at most the source length + 50 tokens). CTranslate2 takes one length
     limit per call, so a batch decodes up to its longest source + 50 and each translation is then cut to its own
     source's limit: exactly what generate() gives for greedy decoding; a beam that reaches the limit may differ.
-    n-best lists, prefixes, sampling and the attention for alignments are CTranslate2's own `translate_batch`
-    options; the tokens' log-probabilities come from its `score_batch`. Constraints and ensembles it has not."""
+    n-best lists, prefixes, sampling, phrases to avoid (`suppress_sequences`) and the attention for alignments are
+    CTranslate2's own `translate_batch` options; the tokens' log-probabilities come from its `score_batch`, and the
+    score is made from them as on every route (a prefix's tokens count), the list re-ranked by it. Constraints and
+    ensembles it has not."""
 
     engine = "CTranslate2"
     features = frozenset({"n_best", "scores", "alignments", "prefixes", "avoid"})
