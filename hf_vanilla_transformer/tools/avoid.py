@@ -20,7 +20,7 @@ import bisect
 import torch
 from transformers.generation import LogitsProcessor
 
-from hf_vanilla_transformer.tools.words import PhraseMatch, TokenWords, encode_phrases, is_word_character
+from hf_vanilla_transformer.tools.words import PhraseMatch, TokenWords, encode_phrases, is_word_character, joined
 
 DECODE = dict(skip_special_tokens=True, clean_up_tokenization_spaces=False)
 # the most bytes one character takes in UTF-8: tokens a character may be spelled in, at most
@@ -66,22 +66,18 @@ class AvoidLogitsProcessor(LogitsProcessor):
         start = text.find(phrase)
         while start >= 0:
             if self.ends_closed(text, start + len(phrase)):
-                if start > 0 and not self.joined(text[start - 1], phrase[0]):
+                if start > 0 and not joined(text[start - 1], phrase[0], self.match):
                     self.anywhere[token] = True
                 elif start == 0:
-                    needs_a_word_start = self.joined("a", phrase[0])
+                    needs_a_word_start = joined("a", phrase[0], self.match)
                     (self.at_word_start if needs_a_word_start else self.anywhere)[token] = True
             start = text.find(phrase, start + 1)
-
-    def joined(self, before: str, after: str) -> bool:
-        """Whether two characters are of one word (never, matching subwords)."""
-        return self.match == "word" and is_word_character(before) and is_word_character(after)
 
     def ends_closed(self, text: str, end: int) -> bool:
         """Whether a phrase ending at `end` of `text` is written whole there: the text goes on with a character
         that is not of its word, or (for a phrase the next token cannot join) ends."""
         if end < len(text):
-            return not self.joined(text[end - 1], text[end])
+            return not joined(text[end - 1], text[end], self.match)
         return self.every_token_a_word or not (self.match == "word" and is_word_character(text[-1]))
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -89,8 +85,8 @@ class AvoidLogitsProcessor(LogitsProcessor):
             return scores
         window = input_ids[:, -BYTES_PER_CHARACTER * (self.longest + 1) :].tolist()
         barred = torch.zeros(scores.shape, dtype=torch.bool)
+        barred[:, : len(self.anywhere)] = self.anywhere
         for row, written in enumerate(self.tokenizer.batch_decode(window, **DECODE)):
-            barred[row, : len(self.anywhere)] |= self.anywhere
             if self.every_token_a_word or self.word_may_start(written, len(written), "a"):
                 barred[row, : len(self.at_word_start)] |= self.at_word_start
             for length in range(1, min(self.longest, len(written)) + 1):
@@ -109,7 +105,7 @@ class AvoidLogitsProcessor(LogitsProcessor):
 
     def word_may_start(self, text: str, position: int, first: str) -> bool:
         """Whether a phrase whose first character is `first` stands as whole words from `position` of `text` on."""
-        return position == 0 or not self.joined(text[position - 1], first)
+        return position == 0 or not joined(text[position - 1], first, self.match)
 
 
 def ctranslate2_suppress_sequences(

@@ -36,7 +36,6 @@ from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     SourceLengthLimitLogitsProcessor,
     source_length_limit,
 )
-from hf_vanilla_transformer.model.pipeline_translation import SequenceScore, generated_length, scored
 from hf_vanilla_transformer.tools.words import Phrase, TokenWords
 
 # transformers' beam search marks finished or impossible candidates with this score instead of -inf, so that its
@@ -71,24 +70,6 @@ class ConstrainedBeamSearchOutput:
     log_prob_sums: torch.FloatTensor
     found: torch.BoolTensor
 
-    def sequence_scores(self, eos_token_id: int, length_penalty: float | None) -> list[SequenceScore | None]:
-        """Each row's `SequenceScore` (as `sequence_scores` gives generate()'s): its tokens up to `</s>`, their
-        log-probabilities, and the score the search ranked it by; None for a row that holds no hypothesis."""
-        ends = torch.tensor([eos_token_id])
-        scores = []
-        for tokens, log_probs, score, found in zip(
-            self.sequences[:, 1:].cpu(),
-            self.token_log_probs.cpu(),
-            self.sequences_scores.tolist(),
-            self.found.tolist(),
-            strict=True,
-        ):
-            length = generated_length(tokens, ends)
-            scores.append(scored(tokens[:length].tolist(), log_probs[:length].tolist(), length_penalty, score))
-            if not found:
-                scores[-1] = None
-        return scores
-
 
 @dataclasses.dataclass
 class ConstraintTables:
@@ -97,8 +78,8 @@ class ConstraintTables:
     fewer forms), `phrase` (the index of the phrase a form writes), `opens` and `closes` (its word boundaries),
     `may_lead` (whether it may be the sentence's first word), `sentence_ends` (the tokens that end a sentence its
     translation may write: as many as its translation without constraints has, the last once all are met; None
-    before that is known),
-    `shortest` (sentences, phrases: the fewest tokens that write each phrase; 0 for a missing one), and
+    before that is known), `shortest` (sentences, phrases: the fewest tokens that write each phrase; 0 for a
+    missing one), and
     `shared_prefix[s, f, g, q]`: form g is longer than q tokens and its first q tokens are form f's first q, so a
     hypothesis q tokens into f may go on with g. `words` tells which tokens go on with a word (None: no phrase has
     word boundaries)."""
@@ -210,6 +191,13 @@ class ConstraintState:
         """Whether the hypothesis has just written all of a form whose phrase waits for the word's end."""
         return (self.progress > 0) & (self.progress == tables.lengths[self.sentence, self.form])
 
+    def met_if_the_word_ends(self, tables: ConstraintTables) -> torch.BoolTensor:
+        """The phrases met once the next token does not go on with the word in progress: the met ones, and the one
+        whose form was just written whole (`pending`)."""
+        slots = self.met.shape[1]
+        just_written = torch.nn.functional.one_hot(self.current_phrase(tables), slots).bool()
+        return self.met | (just_written & self.pending(tables)[:, None])
+
     def unmet_tokens(self, tables: ConstraintTables, met: torch.BoolTensor | None = None) -> torch.LongTensor:
         """The fewest tokens that write the phrases not `met` (default: the state's)."""
         met = self.met if met is None else met
@@ -244,11 +232,9 @@ class ConstraintState:
         may start a form of an unmet phrase. Progress goes one form at a time, so a phrase counts as met only where
         it is a contiguous run of one form's tokens."""
         sentence_phrase = tables.phrase[self.sentence]
-        pending = self.pending(tables)
         slots = self.met.shape[1]
-        ended = pending & ~tables.joins(token)
-        met = self.met | (torch.nn.functional.one_hot(self.current_phrase(tables), slots).bool() & ended[:, None])
-        progress = torch.where(pending, 0, self.progress)
+        met = torch.where(tables.joins(token)[:, None], self.met, self.met_if_the_word_ends(tables))
+        progress = torch.where(self.pending(tables), 0, self.progress)
         tokens = tables.tokens[self.sentence]
         unmet = ~met.gather(1, sentence_phrase)
         position = progress.clamp(max=tokens.shape[-1] - 1)[:, None, None].expand(-1, tokens.shape[1], 1)
@@ -267,9 +253,6 @@ class ConstraintState:
         sentence_ends = self.sentence_ends + tables.ends_sentence(token).long()
         return ConstraintState(self.sentence, met, form, torch.where(completes, 0, progress), sentence_ends)
 
-    def meets_all(self) -> torch.BoolTensor:
-        return self.met.all(-1)
-
 
 def meet_constraints(
     tables: ConstraintTables, sentence: torch.LongTensor, tokens: torch.LongTensor
@@ -282,11 +265,7 @@ def meet_constraints(
         state = state.advance(tables, column, may_open, leading=False)
         may_open = ~tables.ends_in_word(column)
     # a hypothesis cut without `</s>` that ends on a phrase's last word: nothing went on with it
-    ended = state.pending(tables)
-    met = state.met | (
-        torch.nn.functional.one_hot(state.current_phrase(tables), state.met.shape[1]).bool() & ended[:, None]
-    )
-    return met.all(-1)
+    return state.met_if_the_word_ends(tables).all(-1)
 
 
 def allowed_tokens(
@@ -308,16 +287,15 @@ def allowed_tokens(
     room_left = room_left[:, None]
     # a token that neither continues nor starts a form drops the one in progress; one written whole is met if the
     # token does not go on with its word
-    slots = state.met.shape[1]
-    ended = state.pending(tables)[:, None] & torch.nn.functional.one_hot(state.current_phrase(tables), slots).bool()
+    unmet_if_ends = state.unmet_tokens(tables, state.met_if_the_word_ends(tables))[:, None]
     if_joins = state.unmet_tokens(tables)[:, None] <= room_left
-    if_ends = state.unmet_tokens(tables, state.met | ended)[:, None] <= room_left
+    if_ends = unmet_if_ends <= room_left
     vocabulary = torch.arange(vocab_size, device=room_left.device)
     allowed = torch.where(tables.joins(vocabulary)[None, :], if_joins, if_ends)
     if tables.sentence_ends is not None:
         # the translation ends its sentences where the one without constraints did: no term after the last end
         written, most = state.sentence_ends[:, None], tables.sentence_ends[state.sentence][:, None]
-        last_too_soon = (written == most - 1) & (state.unmet_tokens(tables, state.met | ended) > 0)[:, None]
+        last_too_soon = (written == most - 1) & (unmet_if_ends > 0)
         allowed &= ~(tables.ends_sentence(vocabulary)[None, :] & ((written >= most) | last_too_soon))
     # a slot without a token is checked as `</s>`, whose column is set last
     candidates = torch.where(next_tokens >= 0, next_tokens, eos)

@@ -39,16 +39,19 @@ def is_word_character(character: str) -> bool:
     return character == PART_OF_A_CHARACTER or WORD_CHARACTER.fullmatch(character) is not None
 
 
+def joined(before: str, after: str, match: PhraseMatch = "word") -> bool:
+    """Whether two neighbouring characters are of one word, as `match` reads words (never, matching subwords)."""
+    return match == "word" and is_word_character(before) and is_word_character(after)
+
+
 def holds(text: str, phrase: str, match: PhraseMatch = "word") -> bool:
     """Whether `text` holds `phrase`: as whole words (no word character joined to it on either side) or, with
     `match="subword"`, anywhere."""
-    if match == "subword":
-        return phrase in text
     start = text.find(phrase)
     while start >= 0:
         end = start + len(phrase)
-        joined_before = start > 0 and is_word_character(text[start - 1]) and is_word_character(phrase[0])
-        joined_after = end < len(text) and is_word_character(phrase[-1]) and is_word_character(text[end])
+        joined_before = start > 0 and joined(text[start - 1], phrase[0], match)
+        joined_after = end < len(text) and joined(phrase[-1], text[end], match)
         if not joined_before and not joined_after:
             return True
         start = text.find(phrase, start + 1)
@@ -155,15 +158,13 @@ def encode_phrases(
     encoded = []
     for bare_form, spaced_form in zip(bare, spaced, strict=True):
         text = tokenizer.decode(bare_form, **decode)
-        forms = [tuple(spaced_form), tuple(bare_form)]
-        if UNSPACED_CHARACTER.match(text) or match == "subword":
-            # no space before a phrase written without spaces; a subword may start inside a word, where the space
-            # (a token of its own, if the first one is only whitespace) is not
+        if UNSPACED_CHARACTER.match(text):  # no space before a phrase of a script written without spaces
+            forms = [tuple(bare_form)]
+        elif match == "subword":  # inside a word there is no space: without the space where it is a token of its own
             first_is_space = len(spaced_form) > 1 and not tokenizer.decode(spaced_form[:1], **decode).strip()
-            forms = [tuple(spaced_form[1:]) if first_is_space else tuple(spaced_form), tuple(bare_form)]
-            if UNSPACED_CHARACTER.match(text):
-                forms = forms[1:]
-        forms = list(dict.fromkeys(forms))
+            forms = list(dict.fromkeys([tuple(spaced_form[first_is_space:]), tuple(bare_form)]))
+        else:
+            forms = list(dict.fromkeys([tuple(spaced_form), tuple(bare_form)]))
         may_lead = not text[0].islower()
         if match == "subword":
             encoded.append(Phrase(text, tuple(forms), (False,) * len(forms), False, may_lead))
