@@ -18,7 +18,6 @@ from hf_vanilla_transformer.tools.avoid import ctranslate2_suppress_sequences
 from hf_vanilla_transformer.tools.export_ctranslate2 import QUANTIZATIONS
 from hf_vanilla_transformer.tools.prefix import prefix_token_ids
 from hf_vanilla_transformer.tools.translator import Hypothesis, Steering, Translator
-from hf_vanilla_transformer.tools.words import TokenWords
 
 # CTranslate2's compute_type: the weights' type as saved (default), the fastest this device has (auto), or one named
 COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
@@ -169,9 +168,8 @@ class CTranslate2Translator(Translator):
             return []
         key = (tuple(steering.avoid), steering.constraint_match)
         if key not in self.avoiding:
-            words = TokenWords.of(self.tokenizer)
             self.avoiding[key] = ctranslate2_suppress_sequences(
-                self.tokenizer, steering.avoid, steering.constraint_match, words
+                self.tokenizer, steering.avoid, steering.constraint_match, self.token_words
             )
         return self.avoiding[key]
 

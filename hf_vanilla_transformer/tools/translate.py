@@ -190,7 +190,7 @@ class ModelTranslator(Translator):
 
     @functools.cached_property
     def token_words(self) -> TokenWords:
-        """What each token of the model's vocabulary does to words, for phrases matched as whole words."""
+        """`Translator.token_words` over the model's vocabulary, which may hold more ids than the tokenizer."""
         return TokenWords.of(self.tokenizer, self.model.config.vocab_size)
 
     @functools.cached_property
@@ -243,8 +243,11 @@ class ModelTranslator(Translator):
         return max(1, SEARCH_MEMORY // one)
 
     def hypotheses(self, sentences: list[str], batch_size: int, steering: Steering, **generate_kwargs):
-        lengths = token_counts(self.tokenizer, sentences)
-        per_call = self.sentences_per_call(sorted(lengths, reverse=True), steering, generate_kwargs)
+        batch = self.tokenizer(
+            sentences, truncation=True, max_length=self.max_positions, padding=True, return_tensors="pt"
+        ).to(self.model.device)
+        lengths = sorted(batch["attention_mask"].sum(-1).tolist(), reverse=True)
+        per_call = self.sentences_per_call(lengths, steering, generate_kwargs)
         if per_call < len(sentences):  # many hypotheses a sentence: fewer sentences a search
             return [
                 found
@@ -256,9 +259,6 @@ class ModelTranslator(Translator):
                     **generate_kwargs,
                 )
             ]
-        batch = self.tokenizer(
-            sentences, truncation=True, max_length=self.max_positions, padding=True, return_tensors="pt"
-        ).to(self.model.device)
         count = steering.n_best
         sequences, found = self.search(batch, steering, generate_kwargs)
         eos = self.generation_config.eos_token_id
@@ -392,7 +392,8 @@ def translate_lines_in_full(
             ", ..." if len(too_long) > 1 else "",
         )
     limits = [translator.length_limit(length, generate_kwargs.get("max_new_tokens")) for length in lengths]
-    check_steering(translator.tokenizer, steering, todo, limits)
+    words = translator.token_words if steering.constraints is not None else None
+    check_steering(translator.tokenizer, steering, todo, limits, words)
     warn_about_blank_lines(steering, lines)
     order = [todo[j] for j in sorted(range(len(todo)), key=lengths.__getitem__, reverse=True)]
     found = [[blank_line_hypothesis(steering)] for _ in lines]
@@ -435,30 +436,29 @@ def check_steering_of(model_path: str, lines: list[str], steering: Steering, max
     check_steering(tokenizer, steering, todo, limits)
 
 
-def check_steering(tokenizer, steering: Steering, todo: list[int], limits: list[int]) -> None:
+def check_steering(
+    tokenizer, steering: Steering, todo: list[int], limits: list[int], words: TokenWords | None = None
+) -> None:
     """Refuses (`SteeringError`, naming the file and line) a prefix or constraint set that does not fit in its
     line's length limit (`limits`, for the lines at `todo`, `</s>` included), a constraint that is no tokens, and a
-    prefix or constraint that holds a phrase to avoid: no translation could have both."""
-    words = TokenWords.of(tokenizer) if steering.constraints is not None else None
+    prefix or constraint that holds a phrase to avoid: no translation could have both. `words`: the tokenizer's
+    `TokenWords`, where the caller has them."""
+    if steering.constraints is not None and words is None:
+        words = TokenWords.of(tokenizer)
     for index, limit in zip(todo, limits, strict=True):
         line = steering.first_line + index
         for part in ("prefixes", "constraints"):
             given = getattr(steering, part)
             texts = [] if given is None else [given[index]] if part == "prefixes" else given[index]
-            clash = next(
-                (
-                    (text, avoided)
-                    for text in texts
-                    for avoided in steering.avoid or []
-                    if holds(text, avoided.strip(), steering.constraint_match)
-                ),
-                None,
-            )
-            if clash is not None:
-                raise SteeringError(
-                    f"{steering.names.get(part) or part}:{line}: {clash[0]!r} holds {clash[1]!r}, which "
-                    f"{steering.names.get('avoid') or 'avoid'} bars"
+            for text in texts:
+                avoided = next(
+                    (a for a in steering.avoid or [] if holds(text, a.strip(), steering.constraint_match)), None
                 )
+                if avoided is not None:
+                    raise SteeringError(
+                        f"{steering.names.get(part) or part}:{line}: {text!r} holds {avoided!r}, which "
+                        f"{steering.names.get('avoid') or 'avoid'} bars"
+                    )
         if steering.prefixes is not None and steering.prefixes[index].strip():
             (tokens,) = prefix_token_ids(tokenizer, [steering.prefixes[index]])
             if len(tokens) + 1 > limit:

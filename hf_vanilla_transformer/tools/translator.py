@@ -4,8 +4,9 @@
 translators and of tools/onnx_runtime.py's."""
 
 import dataclasses
+import functools
 
-from hf_vanilla_transformer.tools.words import PhraseMatch
+from hf_vanilla_transformer.tools.words import PhraseMatch, TokenWords
 
 
 @dataclasses.dataclass
@@ -91,6 +92,12 @@ class Translator:
 
     def length_limit(self, source_length: int, max_new_tokens: int | None = None) -> int:
         return length_limit(source_length, self.max_positions, self.max_new_tokens_over_source, max_new_tokens)
+
+    @functools.cached_property
+    def token_words(self) -> TokenWords:
+        """What each token of the tokenizer does to words, for phrases matched as whole words (read once: it
+        decodes the whole vocabulary)."""
+        return TokenWords.of(self.tokenizer)
 
 
 def length_limit(
