@@ -600,3 +600,19 @@ def test_a_long_n_best_list_is_searched_a_few_sentences_at_a_time_and_one_that_c
     assert [len(hypotheses) for hypotheses in found] == [40] * 32
     status, _, err = translate_input(capsys, folders, "--n_best", "100000000")
     assert status == 1 and "hypotheses (--n_best, --num_beams) needs about" in err and "GiB" in err, err
+
+
+def test_vanilla_score_names_the_target_files_line_of_a_hypothesis_that_cannot_pair(folders, tmp_path, capsys):
+    """A hypothesis with tokens for a blank source, or one without tokens for a sentence: an error naming the line
+    of vanilla-translate's jsonl it is on, whatever hypotheses come before it."""
+    from hf_vanilla_transformer.cli.score import main as score_main
+
+    translated = tmp_path / "out.jsonl"
+    translate_main(["--model", folders["first"], "--input", folders["input"], "--n_best", "2", "--format", "jsonl"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    rows[2] = rows[0]  # line 3's source is blank
+    translated.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    given = ["--source", folders["input"], "--target", str(translated), "--target_format", "jsonl"]
+    with pytest.raises(SystemExit) as stop:
+        score_main(["--model", folders["first"], *given])
+    assert stop.value.code != 0 and f"{translated}:3: the source is blank" in f"{stop.value.code}"

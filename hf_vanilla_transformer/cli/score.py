@@ -23,9 +23,9 @@ def main(argv: list[str] | None = None) -> None:
     from hf_vanilla_transformer.files import InputError
     from hf_vanilla_transformer.tools.ensemble import MembersDiffer
     from hf_vanilla_transformer.tools.export_ctranslate2 import is_ctranslate2_folder
-    from hf_vanilla_transformer.tools.scoring import check_pairs
+    from hf_vanilla_transformer.tools.scoring import check_pairs, read_hypotheses, rescored
     from hf_vanilla_transformer.tools.steering_files import read_lines
-    from hf_vanilla_transformer.tools.translate import translator_loader
+    from hf_vanilla_transformer.tools.translate import format_translations, translator_loader, write_lines
 
     parser = CommandParser(
         prog="vanilla-score",
@@ -114,11 +114,12 @@ def main(argv: list[str] | None = None) -> None:
         except MembersDiffer as error:
             parser.error(str(error))
         if args.target_format == "jsonl":
-            lines = score_hypotheses(translator, sources, hypotheses, args, names)
+            found = rescored(
+                translator, sources, hypotheses, args.batch_size, names, args.length_penalty, args.alignments
+            )
+            lines = format_translations(found, args.format, n_best=args.format == "plain")
         else:
             lines = score_texts(translator, sources, targets, args, names)
-        from hf_vanilla_transformer.tools.translate import write_lines
-
         write_lines(args.output, lines)
 
 
@@ -144,83 +145,6 @@ def score_texts(translator, sources: list[str], targets: list[str], args, names:
     return [
         json_line(score, translator.tokenizer, alignment) for score, alignment in zip(scores, alignments, strict=True)
     ]
-
-
-def read_hypotheses(path: str, lines: int, names: tuple[str, str]) -> list[list[tuple[str, list[str]]]]:
-    """vanilla-translate's `--format jsonl` output: per line, each hypothesis' translation and tokens; the line count
-    must be the source's. Errors name the file and line."""
-    from hf_vanilla_transformer.files import InputError, json_value
-    from hf_vanilla_transformer.tools.steering_files import read_lines
-
-    read = []
-    for number, line in enumerate(read_lines(path), 1):
-        where = f"{names[1]}:{number}"
-        row = json_value(line, where, "a line of vanilla-translate --format jsonl")
-        translations = row.get("translations") if isinstance(row, dict) else None
-        if not isinstance(translations, list):
-            raise InputError(f'{where}: not a line of vanilla-translate --format jsonl (no "translations" list)')
-        hypotheses = []
-        for hypothesis in translations:
-            tokens = hypothesis.get("tokens") if isinstance(hypothesis, dict) else None
-            text = hypothesis.get("translation") if isinstance(hypothesis, dict) else None
-            if not isinstance(text, str) or not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-                raise InputError(f'{where}: a hypothesis without "translation" text and "tokens" (a list of strings)')
-            hypotheses.append((text, tokens))
-        read.append(hypotheses)
-    if len(read) != lines:
-        raise InputError(f"{names[1]} has {len(read)} lines and {names[0]} has {lines}: one line a source line")
-    return read
-
-
-def score_hypotheses(translator, sources: list[str], hypotheses, args, names: tuple[str, str]) -> list[str]:
-    """The output lines for vanilla-translate's jsonl: every hypothesis scored on its own tokens, written as
-    vanilla-translate writes them (an n-best list, or its jsonl), so that the two can be compared line for line. A
-    blank source line with empty hypotheses keeps their score of 0."""
-    from hf_vanilla_transformer.files import InputError
-    from hf_vanilla_transformer.tools.alignment import align
-    from hf_vanilla_transformer.tools.scoring import score_lines
-    from hf_vanilla_transformer.tools.translate import Steering, blank_line_hypothesis, format_translations
-    from hf_vanilla_transformer.tools.translator import Hypothesis
-
-    tokenizer, vocabulary = translator.tokenizer, translator.tokenizer.get_vocab()
-    steering = Steering(scores=True, alignments=args.alignments)
-    pairs, found = [], [[] for _ in sources]
-    for number, (source, line_hypotheses) in enumerate(zip(sources, hypotheses, strict=True), 1):
-        for text, tokens in line_hypotheses:
-            unknown = next((token for token in tokens if token not in vocabulary), None)
-            if unknown is not None:
-                raise InputError(f"{names[1]}:{number}: the token {unknown!r} is not in the model's vocabulary")
-            if not source.strip() and not tokens:
-                found[number - 1].append(blank_line_hypothesis(steering))
-                continue
-            pairs.append((number - 1, text, tokenizer.convert_tokens_to_ids(tokens)))
-    try:
-        scores = score_lines(
-            translator,
-            [sources[line] for line, _, _ in pairs],
-            [ids for _, _, ids in pairs],
-            args.batch_size,
-            names,
-            args.length_penalty,
-        )
-    except ValueError as error:  # an empty side: name the line as the files number it
-        raise InputError(str(error)) from None
-    alignments = [None] * len(pairs)
-    if args.alignments:
-        sources_of = [sources[line] for line, _, _ in pairs]
-        alignments = align(translator.aligner, tokenizer, sources_of, [text for _, text, _ in pairs], args.batch_size)
-    for (line, text, _), score, alignment in zip(pairs, scores, alignments, strict=True):
-        found[line].append(
-            Hypothesis(
-                text,
-                score.score,
-                score.log_probability,
-                tokenizer.convert_ids_to_tokens(score.token_ids),
-                score.token_log_probs,
-                alignment,
-            )
-        )
-    return format_translations(found, args.format, n_best=args.format == "plain")
 
 
 def json_line(score, tokenizer, alignment: str | None = None) -> str:

@@ -4,7 +4,6 @@
 """
 
 import itertools
-import math
 import os
 
 import torch
@@ -13,7 +12,7 @@ from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.hardware import check_device
 from hf_vanilla_transformer.loading import load_tokenizer
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
-from hf_vanilla_transformer.model.pipeline_translation import length_normalized
+from hf_vanilla_transformer.model.pipeline_translation import scored
 from hf_vanilla_transformer.tools.avoid import ctranslate2_suppress_sequences
 from hf_vanilla_transformer.tools.export_ctranslate2 import QUANTIZATIONS
 from hf_vanilla_transformer.tools.prefix import prefix_token_ids
@@ -140,24 +139,29 @@ class CTranslate2Translator(Translator):
         outputs = [
             [tokens[:limit] for tokens in result.hypotheses] for result, limit in zip(results, limits, strict=True)
         ]
-        found = [[Hypothesis(self.decode(tokens)) for tokens in hypotheses] for hypotheses in outputs]
-        flat = [hypothesis for hypotheses in found for hypothesis in hypotheses]
+        flat = [Hypothesis(self.decode(tokens)) for hypotheses in outputs for tokens in hypotheses]
         sources = [source for source, hypotheses in zip(source_tokens, outputs, strict=True) for _ in hypotheses]
         targets = [tokens for hypotheses in outputs for tokens in hypotheses]
         if steering.scores:
             # the score of every route: the whole translation's log-probability (a prefix's tokens and `</s>`
             # included) over its length to the power of the length penalty; CTranslate2 ranks without the prefix
             penalty = options["length_penalty"]
-            for hypothesis, result in zip(
-                flat, self.translator.score_batch(sources, targets, max_batch_size=batch_size), strict=True
-            ):
-                hypothesis.log_probability = math.fsum(result.log_probs)
-                hypothesis.score = length_normalized(hypothesis.log_probability, len(result.tokens), penalty)
-                hypothesis.tokens, hypothesis.token_log_probs = result.tokens, result.log_probs
+            given = self.translator.score_batch(sources, targets, max_batch_size=batch_size)
+            flat = [
+                hypothesis.scored(
+                    scored(self.tokenizer.convert_tokens_to_ids(result.tokens), list(result.log_probs), penalty),
+                    result.tokens,
+                )
+                for hypothesis, result in zip(flat, given, strict=True)
+            ]
         if steering.alignments:
             attention = [weights for result in results for weights in result.attention]
             for hypothesis, source, target, weights in zip(flat, sources, targets, attention, strict=True):
                 hypothesis.alignment = token_attention_alignment(self.tokenizer, source, target, weights)
+        found, start = [], 0
+        for hypotheses in outputs:
+            found.append(flat[start : start + len(hypotheses)])
+            start += len(hypotheses)
         if steering.scores:  # best first by the score given
             found = [sorted(hypotheses, key=lambda h: -h.score) for hypotheses in found]
         return found

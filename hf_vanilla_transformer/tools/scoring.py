@@ -15,8 +15,11 @@ from collections.abc import Callable
 
 import torch
 
+from hf_vanilla_transformer.files import InputError, json_value
 from hf_vanilla_transformer.model.pipeline_translation import SequenceScore, scored
 from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
+from hf_vanilla_transformer.tools.steering_files import read_lines
+from hf_vanilla_transformer.tools.translator import Hypothesis, Steering
 
 # a chunk of pairs, each (source ids, target ids), to the scored target tokens and their log-probabilities
 ChunkScorer = Callable[[list[tuple[list[int], list[int]]]], list[tuple[list[int], list[float]]]]
@@ -215,3 +218,67 @@ def ctranslate2_forced_decoding(
         max_input_length=0,  # no truncation: the lengths were checked against the model's positions
     )
     return [(tokenizer.convert_tokens_to_ids(result.tokens), list(result.log_probs)) for result in results]
+
+
+def read_hypotheses(path: str, lines: int, names: tuple[str, str]) -> list[list[tuple[str, list[str]]]]:
+    """`vanilla-translate --format jsonl` output ('-': standard input): per line, each hypothesis' translation and
+    tokens; as many lines as the sources (`lines`). Errors name the file and line as `names` (sources, targets)
+    call them."""
+    read = []
+    for number, line in enumerate(read_lines(path), 1):
+        where = f"{names[1]}:{number}"
+        row = json_value(line, where, "a line of vanilla-translate --format jsonl")
+        translations = row.get("translations") if isinstance(row, dict) else None
+        if not isinstance(translations, list):
+            raise InputError(f'{where}: not a line of vanilla-translate --format jsonl (no "translations" list)')
+        hypotheses = []
+        for hypothesis in translations:
+            tokens = hypothesis.get("tokens") if isinstance(hypothesis, dict) else None
+            text = hypothesis.get("translation") if isinstance(hypothesis, dict) else None
+            if not isinstance(text, str) or not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+                raise InputError(f'{where}: a hypothesis without "translation" text and "tokens" (a list of strings)')
+            hypotheses.append((text, tokens))
+        read.append(hypotheses)
+    if len(read) != lines:
+        raise InputError(f"{names[1]} has {len(read)} lines and {names[0]} has {lines}: one line a source line")
+    return read
+
+
+def rescored(
+    translator,
+    sources: list[str],
+    hypotheses: list[list[tuple[str, list[str]]]],
+    batch_size: int,
+    names: tuple[str, str],
+    length_penalty: float | None = None,
+    alignments: bool = False,
+) -> list[list[Hypothesis]]:
+    """Each source's hypotheses (`read_hypotheses`) scored on the tokens they were written in (`score_lines`), as
+    `vanilla-translate` gives them, and aligned if asked: the n-best list's own figures again. A blank source's
+    empty hypothesis keeps its score of 0; a blank source with tokens, tokens for a source that is blank, and a
+    token the vocabulary lacks are errors naming the target file's line."""
+    steering = Steering(scores=True, alignments=alignments)
+    vocabulary, found, pairs = translator.tokenizer.get_vocab(), [[] for _ in sources], []
+    for number, (source, line_hypotheses) in enumerate(zip(sources, hypotheses, strict=True), 1):
+        for text, tokens in line_hypotheses:
+            unknown = next((token for token in tokens if token not in vocabulary), None)
+            if unknown is not None:
+                raise InputError(f"{names[1]}:{number}: the token {unknown!r} is not in the model's vocabulary")
+            if bool(source.strip()) != bool(tokens):
+                side = "the source is blank" if tokens else "a hypothesis has no tokens"
+                raise InputError(f"{names[1]}:{number}: {side}; each pair to score needs a sentence on both sides")
+            if not tokens:
+                found[number - 1].append(steering.blank_line_hypothesis())
+                continue
+            pairs.append((number - 1, text, translator.tokenizer.convert_tokens_to_ids(tokens)))
+    line_sources = [sources[line] for line, _, _ in pairs]
+    scores = score_lines(translator, line_sources, [ids for _, _, ids in pairs], batch_size, names, length_penalty)
+    aligned = [None] * len(pairs)
+    if alignments:
+        from hf_vanilla_transformer.tools.alignment import align
+
+        aligned = align(translator.aligner, translator.tokenizer, line_sources, [t for _, t, _ in pairs], batch_size)
+    for (line, text, _), score, alignment in zip(pairs, scores, aligned, strict=True):
+        tokens = translator.tokenizer.convert_ids_to_tokens(score.token_ids)
+        found[line].append(Hypothesis(text, alignment=alignment).scored(score, tokens))
+    return found

@@ -279,10 +279,10 @@ class ModelTranslator(Translator):
             same_shapes = exact_scores_need_same_shapes(self.model)
             vocab_size = self.model.config.vocab_size
             scores = scored_ids(pairs, batch_size * count, forced, length_penalty, vocab_size, same_shapes)
-            for hypothesis, score in zip(found_hypotheses, scores, strict=True):
-                hypothesis.score, hypothesis.log_probability = score.score, score.log_probability
-                hypothesis.tokens = self.tokenizer.convert_ids_to_tokens(score.token_ids)
-                hypothesis.token_log_probs = score.token_log_probs
+            found_hypotheses = [
+                hypothesis.scored(score, self.tokenizer.convert_ids_to_tokens(score.token_ids))
+                for hypothesis, score in zip(found_hypotheses, scores, strict=True)
+            ]
         if steering.alignments:
             from hf_vanilla_transformer.tools.alignment import align
 
@@ -301,7 +301,7 @@ class ModelTranslator(Translator):
                     "no translation of %r meets its constraints and avoids the phrases to avoid",
                     sentences[sentence][:80],
                 )
-                hypotheses.append(blank_line_hypothesis(steering))
+                hypotheses.append(steering.blank_line_hypothesis())
         if steering.scores:  # best first by the score given: sampled hypotheses come in no order
             results = [sorted(hypotheses, key=lambda h: -h.score) for hypotheses in results]
         return results
@@ -396,7 +396,7 @@ def translate_lines_in_full(
     check_steering(translator.tokenizer, steering, todo, limits, words)
     warn_about_blank_lines(steering, lines)
     order = [todo[j] for j in sorted(range(len(todo)), key=lengths.__getitem__, reverse=True)]
-    found = [[blank_line_hypothesis(steering)] for _ in lines]
+    found = [[steering.blank_line_hypothesis()] for _ in lines]
     with tqdm(total=len(order), disable=not show_progress, unit="sentence", file=sys.stderr) as progress:
         step = batch_size * translator.batches_per_call
         for start in range(0, len(order), step):
@@ -411,13 +411,6 @@ def translate_lines_in_full(
                 found[index] = hypotheses
             progress.update(len(batch))
     return found
-
-
-def blank_line_hypothesis(steering: Steering) -> Hypothesis:
-    """What a blank line gets: an empty translation, scored 0 (it is certain), with nothing to align."""
-    if steering.scores:
-        return Hypothesis("", 0.0, 0.0, [], [], [] if steering.alignments else None)
-    return Hypothesis("", alignment=[] if steering.alignments else None)
 
 
 def check_steering_of(model_path: str, lines: list[str], steering: Steering, max_new_tokens: int | None) -> None:

@@ -6,6 +6,7 @@ translators and of tools/onnx_runtime.py's."""
 import dataclasses
 import functools
 
+from hf_vanilla_transformer.model.pipeline_translation import SequenceScore
 from hf_vanilla_transformer.tools.words import PhraseMatch, TokenWords
 
 
@@ -21,6 +22,16 @@ class Hypothesis:
     tokens: list[str] | None = None
     token_log_probs: list[float] | None = None
     alignment: list[tuple[int, int]] | None = None
+
+    def scored(self, score: SequenceScore, tokens: list[str]) -> "Hypothesis":
+        """This translation with what `score` says of it, its tokens spelled as the tokenizer spells them."""
+        return dataclasses.replace(
+            self,
+            score=score.score,
+            log_probability=score.log_probability,
+            tokens=tokens,
+            token_log_probs=score.token_log_probs,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +71,13 @@ class Steering:
             prefixes=None if self.prefixes is None else [self.prefixes[i] for i in indices],
             constraints=None if self.constraints is None else [self.constraints[i] for i in indices],
         )
+
+    def blank_line_hypothesis(self) -> Hypothesis:
+        """What a blank line gets: an empty translation, scored 0 where scores are asked (it is certain), with
+        nothing to align."""
+        if self.scores:
+            return Hypothesis("", 0.0, 0.0, [], [], [] if self.alignments else None)
+        return Hypothesis("", alignment=[] if self.alignments else None)
 
     def lines(self, start: int, stop: int) -> "Steering":
         """The same request for lines `start` to `stop` (from 0) of the input, numbered as in it."""
