@@ -44,8 +44,6 @@ NBEST_SEPARATOR = " ||| "  # between the fields of an n-best line, as fairseq, M
 # the memory one search may hold (`ModelTranslator.search_bytes`): a batch of sentences with many hypotheses each
 # (--n_best 1000) is searched a few sentences at a time
 SEARCH_MEMORY = 2**30
-# the rows a sentence with constraints may take: the widest beam `constrained_beams` gives a few long terms
-CONSTRAINED_ROWS_PER_SENTENCE = 16
 
 
 def format_translations(
@@ -231,8 +229,10 @@ class ModelTranslator(Translator):
         `SEARCH_MEMORY`: as many as fit, one at least. A search of even one that needs more memory than the device
         has is refused, naming what it needs."""
         rows = max(steering.n_best, generate_kwargs.get("num_beams", self.num_beams))
-        if steering.constraints is not None and any(steering.constraints):
-            rows = max(rows, CONSTRAINED_ROWS_PER_SENTENCE)
+        if steering.constraints is not None and any(steering.constraints):  # searched again on a wider beam
+            from hf_vanilla_transformer.tools.constraints import constrained_beams
+
+            rows = max(rows, constrained_beams(rows, 0))
         one = self.search_bytes(1, lengths[0], rows)
         available = device_memory(self.model.device)
         if available is not None and one > available:
