@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,15 +20,43 @@ class InputError(ValueError):
     """Input that cannot be used: a file, a line, a row of data; the message says where and why."""
 
 
-def check_output_dir(output_dir: str, overwrite_output_dir: bool, source: str | None = None) -> None:
-    """Refuse to replace a non-empty folder unless asked to, or one that is or holds `source` (the folder the
-    command reads, which replacing it would delete), before any work is done."""
-    if (
-        source is not None
-        and os.path.exists(source)
-        and Path(source).resolve().is_relative_to(Path(output_dir).resolve())
-    ):
-        raise ValueError(f"output_dir {output_dir} is or holds the model folder {source}; replacing it would delete it")
+class OutputDirRefused(ValueError):
+    """An output folder that no flag lets a command write (`check_output_dir_is_ours`): a refused argument."""
+
+
+# Characters that would break a name's one line in a message or a card's Markdown title, or hide in it unseen:
+# control characters (newline, tab, escape), format characters (zero-width, right-to-left marks), line and paragraph
+# separators
+UNPRINTABLE_IN_A_NAME = {"Cc", "Cf", "Zl", "Zp"}
+
+
+def check_output_dir_is_ours(output_dir: str, reads: Iterable[str | None] = ()) -> None:
+    """Refuse, whatever the flags say, an output folder the command does not own, before anything is touched: an
+    empty name (which os.path makes the working folder), a name with a character of UNPRINTABLE_IN_A_NAME, and a
+    folder that is or holds the working folder ("." and "/" among them), the home folder, or a path in `reads` (what
+    the command reads; None and paths that do not exist, such as Hub ids, are skipped). A link counts as the folder
+    it leads to."""
+    if not output_dir:
+        raise OutputDirRefused("output_dir is empty; give the name of the folder to write")
+    for position, character in enumerate(output_dir, 1):
+        if unicodedata.category(character) in UNPRINTABLE_IN_A_NAME:
+            raise OutputDirRefused(
+                f"output_dir {output_dir!r} holds the unprintable character {character!r} (character {position}); "
+                "give a name without it"
+            )
+    folder = Path(os.path.realpath(output_dir))
+    cwd, home = os.getcwd(), os.path.expanduser("~")  # "~" where no home folder is known
+    kept = [(cwd, f"the working folder {cwd}"), (home, f"the home folder {home}")]
+    kept += [(path, f"{path}, which this command reads") for path in reads if path is not None and os.path.exists(path)]
+    for path, what in kept:
+        if Path(os.path.realpath(path)).is_relative_to(folder):
+            raise OutputDirRefused(f"output_dir {output_dir} is or holds {what}; writing there would destroy it")
+
+
+def check_output_dir(output_dir: str, overwrite_output_dir: bool, reads: Iterable[str | None] = ()) -> None:
+    """Refuse, before any work is done, a folder the command does not own (`check_output_dir_is_ours`), a non-empty
+    folder unless asked to replace it, and a file in the folder's place."""
+    check_output_dir_is_ours(output_dir, reads)
     if os.path.isdir(output_dir) and os.listdir(output_dir) and not overwrite_output_dir:
         raise ValueError(f"output_dir {output_dir} exists and is not empty; add overwrite_output_dir to replace it")
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
@@ -99,21 +128,26 @@ def atomic_output_dir(output_dir: str, overwrite_output_dir: bool = False) -> It
     the moment between the first two renames) absent: the old folder is set aside, the new one moved in, and the old
     one renamed for deletion and deleted. What a killed process left of this (its hidden folders) is cleaned up by
     the next call for the same `output_dir`, which first puts a set-aside old folder back where no folder took its
-    place (`clean_up_after_killed_writers`)."""
-    output_dir = os.path.abspath(output_dir)
-    clean_up_after_killed_writers(output_dir)
+    place (`clean_up_after_killed_writers`). A link to a folder is written through: the folder it leads to is
+    replaced, beside itself, and the link kept; a folder the command does not own is refused before anything is
+    touched (`check_output_dir_is_ours`)."""
+    check_output_dir_is_ours(output_dir)  # before the clean-up touches anything beside it
+    target = os.path.realpath(output_dir)  # output_dir, or the folder a link leads to
+    # beside the link given too: a writer that replaced the link itself, not what it leads to, left its folders there
+    for place in {os.path.abspath(output_dir), target}:
+        clean_up_after_killed_writers(place)
     check_output_dir(output_dir, overwrite_output_dir)
-    parent, name = os.path.split(output_dir)
+    parent, name = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{name}.{STAGING}-{os.getpid()}-", dir=parent)
     os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp's folder is private; the result should not be
     try:
         yield staging
         replaced = None
-        if os.path.isdir(output_dir):
+        if os.path.isdir(target):
             replaced = os.path.join(parent, f".{name}.{REPLACED}-{os.getpid()}")
-            os.rename(output_dir, replaced)
-        os.rename(staging, output_dir)
+            os.rename(target, replaced)
+        os.rename(staging, target)
         if replaced is not None:
             deleting = os.path.join(parent, f".{name}.{DELETING}-{os.getpid()}")
             os.rename(replaced, deleting)  # from here on it is no longer whole: never put back
@@ -125,7 +159,9 @@ def atomic_output_dir(output_dir: str, overwrite_output_dir: bool = False) -> It
 def clean_up_after_killed_writers(output_dir: str) -> None:
     """Remove what killed `atomic_output_dir`s for `output_dir` left beside it: their unfinished folders and old
     folders being deleted; an old folder set aside is put back if nothing replaced it (a kill between the two
-    renames), else deleted. Folders of a process still running are its own business and left alone."""
+    renames), else deleted. Folders of a process still running are its own business and left alone. A link or a
+    file of such a name (a writer that set a linked output folder aside by renaming the link) is removed, never
+    what a link leads to."""
     parent, name = os.path.split(output_dir)
     if not os.path.isdir(parent):
         return
@@ -135,11 +171,14 @@ def clean_up_after_killed_writers(output_dir: str) -> None:
         if match is None or process_is_running(int(match[2])):
             continue
         path = os.path.join(parent, entry)
-        if match[1] == REPLACED and not os.path.exists(output_dir):
+        if match[1] == REPLACED and not os.path.lexists(output_dir):
             os.rename(path, output_dir)
             logger.warning("%s: put back the folder a killed command had set aside to replace it", output_dir)
-        else:
+        elif os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
 
 
 def process_is_running(pid: int) -> bool:

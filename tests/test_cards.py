@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
+from markdown_it import MarkdownIt
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from hf_vanilla_transformer.loading import RUN_RECORD
-from hf_vanilla_transformer.tools.card import code_literal, render_model_card, write_export_card, write_model_card
+from hf_vanilla_transformer.tools.card import render_model_card, write_export_card, write_model_card
+from hf_vanilla_transformer.tools.markdown import code_literal, fenced_block, inline_code, markdown_text
 from support.files import write_dataset
+from support.hostile import FUZZ_SETTINGS
 from support.models import generate_text, letter_tokenizer, tiny_model
 from support.runs import TINY_MODEL_RUN
 
@@ -82,7 +85,7 @@ def how_to_use(card: ModelCard) -> str:
 
 
 def python_blocks(text: str) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    return [code for language, code in code_blocks(text) if language == "python"]
 
 
 def our_translation(folder, **decoding) -> str:
@@ -215,7 +218,7 @@ HOSTILE = [
     "code `spans`, a fence ``` and\n```\na line of its own",
     "中文句子, an emoji 😀 and a line\u2028separator",
 ]
-PLAIN = {"EXAMPLE": EXAMPLE, "MODEL": "runs/tiny-en-de"}
+PLAIN = {"EXAMPLE": EXAMPLE, "MODEL": "runs/tiny-en-de", "DATA": "data/multi30k", "SOURCE": "English"}
 # a folder's path, as a run's card names it: quotes, a backslash, a shell substitution, non-ASCII
 HOSTILE_MODEL_ID = 'runs/it\'s a "tiny" \\ $(touch PWNED) 模型'
 
@@ -229,9 +232,10 @@ def test_a_code_literal_is_the_string_in_python_and_in_json_on_one_printable_lin
 
 @pytest.fixture(scope="module")
 def write_cards(tmp_path_factory):
-    """`write_cards(sentence, model_id)`: the cards of a tiny model's folder with `sentence` as its example (and as
-    the example's translation), {kind: card}: ours (render_model_card) and those of its CTranslate2, Marian and ONNX
-    exports, written as each export writes its card but with no export, so that they take milliseconds."""
+    """`write_cards(sentence, model_id, data, source)`: the cards of a tiny model's folder with `sentence` as its
+    example (and as the example's translation), trained on `data` (its name and the training list's) to translate
+    `source` (a language's name), {kind: card}: ours (render_model_card) and those of its CTranslate2, Marian and
+    ONNX exports, written as each export writes its card but with no export, so that they take milliseconds."""
     from hf_vanilla_transformer.tools import export_ctranslate2, export_marian, export_onnx
 
     model = tiny_model(vocab_size=14)
@@ -242,18 +246,21 @@ def write_cards(tmp_path_factory):
         "onnx": export_onnx.usage(50),
     }
 
-    def write(sentence: str, model_id: str) -> dict[str, ModelCard]:
+    def write(
+        sentence: str, model_id: str, data: str = PLAIN["DATA"], source: str = PLAIN["SOURCE"]
+    ) -> dict[str, ModelCard]:
         root = tmp_path_factory.mktemp("card")
         (root / "ours").mkdir()
         (root / "ours" / "attention.png").write_bytes(b"a picture")
-        results = {"test": {"bleu": 1.0, "chrf": 2.0}}
+        results = {"test": {"bleu": 1.0, "chrf": 2.0, "bleu_signature": "nrefs:1|tok:13a", "chrf_signature": "nc:6"}}
         card = render_model_card(
             model,
             model_id=model_id,
-            source_lang="en",
+            source_lang=source,
             target_lang="de",
             results=results,
-            training={},
+            training={"data": data, "steps": 1},
+            dataset_name=data,
             example_source=sentence,
             example_translation=sentence,
             attention_picture="attention.png",
@@ -270,7 +277,7 @@ def write_cards(tmp_path_factory):
 
 def code_blocks(text: str) -> list[tuple[str, str]]:
     """A card's fenced code blocks, (language, code)."""
-    return re.findall(r"^```(\w+)\n(.*?)^```$", text, re.DOTALL | re.MULTILINE)
+    return [(token.info, token.content) for token in MARKDOWN.parse(text) if token.type == "fence"]
 
 
 def json_shape(text: str, names: dict[str, str]) -> str:
@@ -330,15 +337,160 @@ def test_a_hostile_example_sentence_stays_one_string_in_every_cards_code(write_c
         assert re.sub(r"\\(.)", r"\1", description) == f'Encoder–decoder attention for "{" ".join(sentence.split())}"'
 
 
-def test_a_push_renames_a_model_path_of_any_characters_in_every_cards_code(write_cards, plain_cards, tmp_path):
-    """card_for finds the path where the card writers put it (a code literal, a shell word) and names the
-    repository there instead."""
+# Folder names (and so Hub ids, data sets' and languages' names) that broke a card's Markdown: a line break that
+# starts a heading or a code block, backticks (one, and runs) that end a code span, fences of both kinds, HTML,
+# emphasis, links, a table's cell, an entity, a shell substitution, quotes and backslashes, a line separator, Chinese
+HOSTILE_NAMES = [
+    "tiny\n# A heading\n```bash\ntouch PWNED\n```\nthe end",
+    "a `tick` and a run `` of ``` them `",
+    "`` a name in backticks ``",
+    "a fence\n~~~\nand\n````\nthe other",
+    "# not a heading #",
+    "1. not a list",
+    "- not a list either",
+    "<script>alert(1)<img src=x onerror=alert(1)>",  # no "/": the title is the path's last part
+    "*emphasis* _too_ [a link](https:x.y) ![a picture](x.png) | a cell | &amp; ~~struck~~ $x$ \\",
+    "$(touch PWNED) 'quotes' \"double\" \\ back\\slashes\\",
+    "a line\u2028separator and\u2029another",
+    "中文模型 «名»",
+]
+
+
+def names_of(name: str) -> dict[str, str]:
+    """The names a card is written with, `name` in each: the model's path, its title (the path's last part), the
+    data set and the source language; the example is plain."""
+    return {"EXAMPLE": EXAMPLE, "MODEL": f"runs/{name}", "TITLE": name, "DATA": f"data/{name}", "SOURCE": f"en {name}"}
+
+
+PLAIN_NAMES = PLAIN | {"TITLE": "tiny-en-de"}
+
+
+# CommonMark, with the tables and strikethrough of GitHub's Markdown (which the Hub renders)
+MARKDOWN = MarkdownIt("commonmark").enable(["table", "strikethrough"])
+
+
+def markdown_shape(text: str, names: dict[str, str]) -> list:
+    """`text` as a Markdown renderer reads it: each block's kind, each line of inline content's kinds and the text
+    it shows, each code span's JSON strings and each code block's shape (SHAPES), with `names`' values in the place
+    of their names (in the text shown, their whitespace runs shown as one space)."""
+    shown = sorted(((" ".join(value.split()), name) for name, value in names.items()), key=lambda pair: -len(pair[0]))
+
+    def text_shape(text: str) -> str:
+        for value, name in shown:
+            text = text.replace(value, name)
+        return text
+
+    def inline_shape(children) -> list:
+        shape, text = [], ""
+        for child in children:
+            if child.type == "text":
+                text += child.content
+                continue
+            shape += [("text", text_shape(text))] if text else []
+            text = ""
+            if child.type == "code_inline":
+                shape.append((child.type, json_shape(child.content, names)))
+            elif child.type == "image":
+                shape.append((child.type, child.attrs["src"], text_shape("".join(c.content for c in child.children))))
+            else:
+                shape.append((child.type, child.content))
+        return shape + ([("text", text_shape(text))] if text else [])
+
+    return [
+        (token.type, token.info, SHAPES[token.info](token.content, names))
+        if token.type == "fence"
+        else inline_shape(token.children)
+        if token.type == "inline"
+        else (token.type, token.tag)
+        for token in MARKDOWN.parse(text)
+    ]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_hostile_name_is_shown_as_written_in_every_cards_title_prose_and_code(write_cards, plain_cards, name):
+    """A folder's name, a data set's, a language's, whatever Markdown, HTML or shell they hold, leave each card's
+    Markdown as it is with plain names, block for block: shown as written (on one line) in the title, the prose and
+    the lists, one string in the code spans and the code blocks."""
+    names = names_of(name)
+    for kind, card in write_cards(EXAMPLE, names["MODEL"], names["DATA"], names["SOURCE"]).items():
+        shape = markdown_shape(card.text, names)
+        assert shape == markdown_shape(plain_cards[kind].text, PLAIN_NAMES), kind
+        assert shape[:3] == [("heading_open", "h1"), [("text", "TITLE")], ("heading_close", "h1")], kind
+        assert card.data.model_name == names["MODEL"], kind
+
+
+def test_an_export_of_a_folder_with_no_card_is_titled_by_its_name_on_one_line(tmp_path):
+    from hf_vanilla_transformer.tools import export_onnx
+
+    for number, name in enumerate(HOSTILE_NAMES):
+        (tmp_path / str(number)).mkdir()
+        write_export_card(str(tmp_path), str(tmp_path / str(number)), f"runs/{name}", "onnx", [], export_onnx.usage(50))
+        text = ModelCard.load(tmp_path / str(number) / "README.md").text
+        assert markdown_shape(text, names_of(name))[:4] == [
+            ("heading_open", "h1"),
+            [("text", "TITLE")],
+            ("heading_close", "h1"),
+            ("heading_open", "h2"),
+        ], name
+
+
+@pytest.mark.parametrize("name", [HOSTILE_MODEL_ID.removeprefix("runs/"), *HOSTILE_NAMES])
+def test_a_push_renames_a_model_path_of_any_characters_in_every_cards_code(write_cards, plain_cards, tmp_path, name):
+    """card_for finds the path where the card writers put it (a code literal in code blocks and spans, a shell
+    word) and names the repository there instead; the rest of the card reads as it did."""
     from hf_vanilla_transformer.tools.hub import card_for
 
-    pushed_names = {"EXAMPLE": EXAMPLE, "MODEL": "someone/tiny-en-de"}
-    for kind, card in write_cards(EXAMPLE, HOSTILE_MODEL_ID).items():
+    names = names_of(name)
+    for kind, card in write_cards(EXAMPLE, names["MODEL"], names["DATA"], names["SOURCE"]).items():
         card.save(tmp_path / "README.md")
         pushed = ModelCard(card_for(tmp_path / "README.md", "someone/tiny-en-de").decode())
-        shapes = [SHAPES[language](code, pushed_names) for language, code in code_blocks(pushed.text)]
-        assert shapes == [SHAPES[language](code, PLAIN) for language, code in code_blocks(plain_cards[kind].text)]
-        assert HOSTILE_MODEL_ID not in pushed.text, kind
+        pushed_shape = markdown_shape(pushed.text, names | {"MODEL": "someone/tiny-en-de"})
+        assert pushed_shape == markdown_shape(plain_cards[kind].text, PLAIN_NAMES), kind
+        assert names["MODEL"] not in pushed.text, kind
+
+
+# Any text (but NUL, which CommonMark shows as U+FFFD), and text of what Markdown is made of
+MARKDOWN_TEXT = st.text(st.characters(exclude_characters="\x00")) | st.lists(
+    st.sampled_from([*"`~*_[]<>&|#$!-+=.)(1 \n\\a", "```", "# ", "1. ", "- ", "<b>", "&amp;", "[a](b)"])
+).map("".join)
+
+# Where the cards put a name or a sentence: a paragraph (a line's start), a title, a list, a table's cell, a
+# picture's description
+PLACES = ["{}", "# {}", "- a {}", "| a | {} |\n| --- | --- |", "![{}](a.png)"]
+
+
+@FUZZ_SETTINGS
+@given(MARKDOWN_TEXT, st.sampled_from(PLACES))
+def test_markdown_text_shows_the_text_as_written_on_one_line_wherever_it_goes(text, place):
+    shown = " ".join(text.split())
+    assume(shown)
+    inline = [token for token in MARKDOWN.parse(place.format(markdown_text(text))) if token.type == "inline"][-1]
+    children = inline.children
+    if place.startswith("!"):
+        (image,) = children
+        assert image.type == "image" and image.attrs["src"] == "a.png"
+        children = image.children
+    assert {child.type for child in children} == {"text"}
+    assert "".join(child.content for child in children) == ("a " if place.startswith("- ") else "") + shown
+
+
+@FUZZ_SETTINGS
+@given(MARKDOWN_TEXT.filter(lambda code: code and "\n" not in code and "\r" not in code))
+def test_inline_code_is_one_code_span_of_the_code_as_written(code):
+    (paragraph,) = [token for token in MARKDOWN.parse(f"see {inline_code(code)} here") if token.type == "inline"]
+    assert [(child.type, child.content) for child in paragraph.children] == [
+        ("text", "see "),
+        ("code_inline", code),
+        ("text", " here"),
+    ]
+
+
+@FUZZ_SETTINGS
+@given(MARKDOWN_TEXT)
+def test_a_fenced_block_holds_the_code_as_written_whatever_fences_it_holds(code):
+    tokens = MARKDOWN.parse(f"before\n\n{fenced_block('bash', code)}\n\nafter\n")
+    lines = code.replace("\r\n", "\n").replace("\r", "\n")  # CommonMark's line ends
+    assert [(token.info, token.content) for token in tokens if token.type == "fence"] == [
+        ("bash", lines if lines.endswith("\n") or not lines else lines + "\n")
+    ]
+    assert tokens[-2].content == "after"

@@ -1,7 +1,7 @@
 """The console scripts' contract with a new user (commands.py): a flag value that cannot work, a device this machine
 lacks, a missing optional package, an output that would replace what the command reads: each is one line that
-names the flag or value, and a non-zero exit before any work (exit status 2 for a value argparse checks, 1 for the
-rest), with nothing written and no model loaded.
+names the flag or value, and a non-zero exit before any work (exit status 2 for a value argparse checks and for an
+output folder the command does not own, 1 for the rest), with nothing written and no model loaded.
 
 The model folders here are broken (a config.json that is not JSON, a CTranslate2 model.bin of garbage): a command
 that got as far as loading one would fail on it with another message."""
@@ -202,8 +202,9 @@ def test_an_output_dir_that_is_or_holds_the_model_is_refused_even_with_overwrite
     before = files_under(tmp_path)
     flags = [*work[command], "--output_dir", output_dir, "--overwrite_output_dir"]
     code, stderr = run(command, flags, capsys)
-    message = f"output_dir {output_dir} is or holds the model folder model; replacing it would delete it"
-    assert (code, stderr) == (1, [f"{command}: error: {message}"])
+    kept = "model, which this command reads" if output_dir == "model" else f"the working folder {tmp_path}"
+    message = f"output_dir {output_dir} is or holds {kept}; writing there would destroy it"
+    assert (code, stderr) == (2, [f"{command}: error: {message}"])
     assert files_under(tmp_path) == before
 
 

@@ -2,13 +2,14 @@
 tokenizer and the card's code from a folder or a Hub snapshot."""
 
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 from huggingface_hub import ModelCard
 
-from hf_vanilla_transformer.tools.card import markdown_text
+from hf_vanilla_transformer.tools.markdown import markdown_text
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
 from hf_vanilla_transformer.training.run import training_table
 from support.files import write_lines
@@ -349,17 +350,34 @@ def test_vanilla_push_to_hub_uploads_the_model_files_alone_in_one_commit(finishe
     assert '"someone/tiny"' in code and f'"{local_name}"' not in code  # the card's code loads the repository
 
 
-def test_vanilla_push_to_hub_dry_run_lists_the_upload_and_contacts_nothing(finished_folders, capsys):
+def dry_run(folder, capsys) -> tuple[str, list[tuple[str, str, int]], list[str]]:
+    """What `vanilla-push-to-hub --dry_run` prints for `folder`: its first line, the files it would upload as (name,
+    size, bytes), and the lines after them; nothing may be sent to the Hub, not even the login check."""
     from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
 
-    folder = finished_folders["ours"]
     commits, requests = [], []
     with intercepted_hub(commits, requests):
         push_to_hub_main(["--model", str(folder), "--repo_id", "someone/tiny", "--dry_run"])
-    assert commits == requests == []  # not even the login check
-    first, *listed, last = capsys.readouterr().out.splitlines()
-    assert first == f"Would upload {len(MODEL_FILES['ours'])} files of {folder} to someone/tiny:"
-    assert [line.strip() for line in listed] == sorted(MODEL_FILES["ours"])
+    assert commits == requests == []
+    first, *lines = capsys.readouterr().out.splitlines()
+    listed = [re.fullmatch(r"  (.+)  (\S+ \S+) \(([\d,]+) bytes\)", line) for line in lines]
+    files = [(match[1], match[2], int(match[3].replace(",", ""))) for match in listed if match]
+    return first, files, lines[len(files) :]
+
+
+def test_vanilla_push_to_hub_dry_run_lists_the_upload_with_sizes_and_contacts_nothing(finished_folders, capsys):
+    folder = finished_folders["ours"]
+    first, files, (last,) = dry_run(folder, capsys)
+    assert [name for name, _, _ in files] == sorted(MODEL_FILES["ours"])
+    assert all(size == (folder / name).stat().st_size for name, _, size in files)
+    assert ("onnx/encoder_model.onnx", "5 B", 5) in files  # b"graph"
+    shown = {name: size for name, size, _ in files}
+    assert shown["model.safetensors"] == f"{(folder / 'model.safetensors').stat().st_size / 1024:.1f} KiB"
+    total = sum(size for _, _, size in files)
+    assert first == (
+        f"Would upload {len(MODEL_FILES['ours'])} files of {folder} to someone/tiny, "
+        f"{total / 1024:.1f} KiB in all ({total:,} bytes):"
+    )
     files, checkpoint = (
         sum(1 for path in where.rglob("*") if not path.is_dir()) for where in (folder, folder / "checkpoint-5")
     )
@@ -409,3 +427,85 @@ def test_vanilla_push_to_hub_without_a_login_or_a_folder_is_one_line(finished_fo
         with pytest.raises(SystemExit) as exit_info:
             push_to_hub_main(["--model", str(folder), "--repo_id", "someone/tiny"])
         assert str(exit_info.value.code).startswith(f"vanilla-push-to-hub: error: {message}")
+
+
+def test_vanilla_push_to_hub_dry_run_shows_a_sparse_file_by_its_size(tmp_path, capsys):
+    """A file of 2 GiB that takes no room on disk (holes only) is listed at its size, which an upload would send."""
+    (tmp_path / "config.json").write_text("{}")
+    with open(tmp_path / "big.safetensors", "wb") as file:
+        file.truncate(2 * 1024**3)
+    first, files, _ = dry_run(tmp_path, capsys)
+    assert files == [("big.safetensors", "2.0 GiB", 2 * 1024**3), ("config.json", "2 B", 2)]
+    assert first.endswith(f"someone/tiny, 2.0 GiB in all ({2 * 1024**3 + 2:,} bytes):")
+
+
+def test_vanilla_push_to_hub_judges_a_link_by_the_file_it_leads_to(tmp_path, capsys):
+    """A link named as a model file is uploaded only where it leads to a model file of the folder (then as that
+    file): not to a hidden file, a checkpoint's state or anything outside the folder (a secret of the user's)."""
+    from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
+
+    folder = tmp_path / "model"
+    (folder / "checkpoint-5").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "weights.safetensors").write_bytes(b"weights")
+    (folder / ".env").write_bytes(b"HF_TOKEN=hf_secret_inside")
+    (folder / "checkpoint-5" / "optimizer.pt").write_bytes(b"optimizer state")
+    (tmp_path / ".env").write_bytes(b"HF_TOKEN=hf_secret_beside")
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "id_rsa").write_bytes(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    links = {
+        "model.safetensors": "weights.safetensors",  # a model file of the folder: uploaded, as that file
+        "tokenizer.json": ".env",  # hidden
+        "vocab.json": "checkpoint-5/optimizer.pt",  # a checkpoint's
+        "special_tokens_map.json": "checkpoint-5",  # a folder
+        "generation_config.json": "../.env",  # beside the folder
+        "tokenizer_config.json": str(tmp_path / "home" / ".ssh" / "id_rsa"),  # anywhere
+        "attention.png": "attention.png",  # a loop
+    }
+    for name, target in links.items():
+        (folder / name).symlink_to(target)
+    commits = []
+    with intercepted_hub(commits):
+        push_to_hub_main(["--model", str(folder), "--repo_id", "someone/tiny"])
+    ((_, files),) = commits
+    assert files == {"config.json": b"{}", "weights.safetensors": b"weights", "model.safetensors": b"weights"}
+    assert capsys.readouterr().out.startswith(f"Uploaded {folder} to ")
+    _, listed, (left_out,) = dry_run(folder, capsys)
+    assert [name for name, _, _ in listed] == ["config.json", "model.safetensors", "weights.safetensors"]
+    assert left_out == (
+        "Left out 8 files: .env, attention.png, checkpoint-5/ (1), generation_config.json, special_tokens_map.json, "
+        "tokenizer.json, tokenizer_config.json, vocab.json"
+    )
+
+
+# Names that would not stay one line of a listing, or would hide what they say: a line break that forges the
+# listing's next line, a terminal's escape, a right-to-left override, a line separator, bytes that are not UTF-8
+UNPRINTABLE_NAMES = [
+    "model\nUploaded nothing.safetensors",
+    "checkpoint-5/\x1b[2Kstate.pt",
+    "model\u202eorsnetsefas.png",
+    ".hidden\u2028file",
+    os.fsdecode(b"weights-\xff.safetensors"),
+]
+
+
+def test_vanilla_push_to_hub_refuses_a_name_that_does_not_print_in_one_line(tmp_path, capsys):
+    """Such a name anywhere in the folder, or in the folder's own, stops the command before it lists, logs in or
+    uploads anything: one line that shows the name escaped, exit status 2."""
+    from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
+
+    cases = [(tmp_path / str(number), name) for number, name in enumerate(UNPRINTABLE_NAMES)]
+    cases.append((tmp_path / "a\nmodel", "config.json"))
+    for folder, name in cases:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text("{}")
+        (folder / name).write_bytes(b"x")
+        for flags in ([], ["--dry_run"]):
+            commits, requests = [], []
+            with intercepted_hub(commits, requests), pytest.raises(SystemExit) as exit_info:
+                push_to_hub_main(["--model", str(folder), "--repo_id", "someone/tiny", *flags])
+            output = capsys.readouterr()
+            assert exit_info.value.code == 2 and output.out == "" and commits == requests == [], name
+            refused = name if name != "config.json" else str(folder)
+            assert output.err.startswith("vanilla-push-to-hub: error: ") and output.err.count("\n") == 1, name
+            assert repr(refused) in output.err and "holds the unprintable character" in output.err, name

@@ -6,8 +6,9 @@ import os
 import sys
 
 from hf_vanilla_transformer.cli.flags import CommandParser, device_name, positive_int
+from hf_vanilla_transformer.errors import exit_refused
 from hf_vanilla_transformer.extras import require
-from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir, write_text_atomically
+from hf_vanilla_transformer.files import OutputDirRefused, atomic_output_dir, check_output_dir, write_text_atomically
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     with warnings.catch_warnings(record=True) as caught:
         try:
             require("matplotlib", "drawing attention pictures")
-            check_output_dir(args.output_dir, args.overwrite_output_dir, source=args.model)
+            check_output_dir(args.output_dir, args.overwrite_output_dir, reads=[args.model])
             # the eager attention path, the one that returns attention weights
             model, tokenizer = load_model_and_tokenizer(args.model, args.device, attn_implementation="eager")
             maps = attention_maps(model, tokenizer, args.source, args.target, top_k=args.top_k)
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
             with atomic_output_dir(args.output_dir, args.overwrite_output_dir) as staging:
                 paths = write_attention_pictures(maps, staging, args.layer, args.head)
                 write_text_atomically(os.path.join(staging, "attention.html"), attention_page(maps, step_tables))
+        except OutputDirRefused as error:
+            exit_refused(parser.prog, error)
         except (OSError, ValueError, ImportError) as error:
             sys.exit(f"{parser.prog}: error: {error}")
         finally:

@@ -5,7 +5,8 @@ import os
 import sys
 
 from hf_vanilla_transformer.cli.flags import CommandParser
-from hf_vanilla_transformer.errors import one_line
+from hf_vanilla_transformer.errors import exit_refused, one_line
+from hf_vanilla_transformer.files import OutputDirRefused
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,6 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         folders = write_averaged_model(args.model_dir, args.last, args.output_dir, args.overwrite_output_dir)
+    except OutputDirRefused as error:
+        exit_refused(parser.prog, error)
     except (OSError, ValueError) as error:
         sys.exit(f"{parser.prog}: error: {one_line(error)}")
     print(f"Wrote the mean of {', '.join(os.path.basename(folder) for folder in folders)} to {args.output_dir}")

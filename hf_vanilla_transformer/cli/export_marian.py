@@ -3,6 +3,8 @@
 import sys
 
 from hf_vanilla_transformer.cli.flags import CommandParser
+from hf_vanilla_transformer.errors import exit_refused
+from hf_vanilla_transformer.files import OutputDirRefused
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,6 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         export(args.model, args.output_dir, args.overwrite_output_dir)
+    except OutputDirRefused as error:
+        exit_refused(parser.prog, error)
     except (OSError, ValueError) as error:
         sys.exit(f"{parser.prog}: error: {error}")
     print(f"Wrote a MarianMTModel to {args.output_dir}")

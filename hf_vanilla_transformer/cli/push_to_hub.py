@@ -5,7 +5,8 @@ import os
 import sys
 
 from hf_vanilla_transformer.cli.flags import CommandParser, hub_repo_id
-from hf_vanilla_transformer.errors import one_line
+from hf_vanilla_transformer.errors import exit_refused, one_line
+from hf_vanilla_transformer.files import InputError
 
 
 class RefuseToken(argparse.Action):
@@ -21,7 +22,13 @@ class RefuseToken(argparse.Action):
 
 def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
-    from hf_vanilla_transformer.tools.hub import check_hub_login, model_files, paths_in_brief, push_model_folder
+    from hf_vanilla_transformer.tools.hub import (
+        check_hub_login,
+        human_size,
+        model_files,
+        paths_in_brief,
+        push_model_folder,
+    )
 
     parser = CommandParser(
         prog="vanilla-push-to-hub",
@@ -38,22 +45,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dry_run",
         action="store_true",
-        help="List the files a push would upload and those it leaves out; contact nothing.",
+        help="List the files a push would upload, with their sizes, and those it leaves out; contact nothing.",
     )
     parser.add_argument("--token", action=RefuseToken)
     args = parser.parse_args(argv)
     try:
+        uploaded, left_out = model_files(args.model)  # a name that would not print is refused before anything
         if not os.path.isfile(os.path.join(args.model, "config.json")):
             raise ValueError(f"{args.model}: not a model folder (no config.json)")
         if args.dry_run:
-            uploaded, left_out = model_files(args.model)
-            print(f"Would upload {len(uploaded)} files of {args.model} to {args.repo_id}:")
-            print("".join(f"  {path}\n" for path in uploaded), end="")
+            sizes = {path: os.path.getsize(os.path.join(args.model, path)) for path in uploaded}
+            total = sum(sizes.values())
+            print(
+                f"Would upload {len(uploaded)} files of {args.model} to {args.repo_id}, "
+                f"{human_size(total)} in all ({total:,} bytes):"
+            )
+            print("".join(f"  {path}  {human_size(size)} ({size:,} bytes)\n" for path, size in sizes.items()), end="")
             if left_out:
                 print(f"Left out {len(left_out)} files: {paths_in_brief(left_out)}")
             return
         check_hub_login()
         url = push_model_folder(args.model, args.repo_id, private=args.private or None)
+    except InputError as error:
+        exit_refused(parser.prog, error)
     except (OSError, ValueError) as error:
         sys.exit(f"{parser.prog}: error: {one_line(error)}")
     print(f"Uploaded {args.model} to {url}")

@@ -20,7 +20,8 @@ import sys
 from huggingface_hub.errors import StrictDataclassError
 
 from hf_vanilla_transformer.cli.flags import FlagParser, expand_recipe, flag_name
-from hf_vanilla_transformer.errors import one_line
+from hf_vanilla_transformer.errors import exit_refused, one_line
+from hf_vanilla_transformer.files import OutputDirRefused
 from hf_vanilla_transformer.tools.card import write_model_card
 from hf_vanilla_transformer.tools.hub import check_hub_login, push_model_folder
 from hf_vanilla_transformer.training.arguments import (
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
         if training_args.push_to_hub:
             check_hub_login(training_args.hub_token)  # now, not after training
         run = prepare(model_args, data_args, training_args)
+    except OutputDirRefused as error:
+        exit_refused(PROGRAM, error)
     except (ValueError, OSError, ImportError, StrictDataclassError) as error:
         sys.exit(f"{PROGRAM}: error: {one_line(error)}")  # a StrictDataclassError (a config field) takes two lines
     results = train_and_evaluate(run)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from itertools import chain, islice
 
 from hf_vanilla_transformer.cli.flags import FlagParser
-from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
+from hf_vanilla_transformer.errors import exit_refused
+from hf_vanilla_transformer.files import OutputDirRefused, atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.training.data import file_sentences, read_dataset
 from hf_vanilla_transformer.training.tokenizer import (
     DEFAULT_NORMALIZATION,
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         (args,) = FlagParser(BpeTrainingArguments).parse_args_into_dataclasses(argv)
         train(args)
+    except OutputDirRefused as error:
+        exit_refused("train_bpe.py", error)
     except (ValueError, OSError) as error:
         sys.exit(f"train_bpe.py: error: {error}")
 
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 def train(args: BpeTrainingArguments) -> None:
     if (args.train_file is None) == (args.dataset_name is None):
         raise ValueError("give either --train_file or --dataset_name")
-    check_output_dir(args.output_dir, args.overwrite_output_dir)
+    check_output_dir(args.output_dir, args.overwrite_output_dir, reads=args.train_file or ())
     if args.train_file:
         sentences = file_sentences(args.train_file, args.source_lang, args.target_lang)
     else:

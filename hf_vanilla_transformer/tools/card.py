@@ -4,11 +4,9 @@ The metadata (languages, license, tags, datasets, metrics and a `model-index` wi
 `ModelCardData`, so huggingface_hub writes the YAML the Hub expects.
 """
 
-import json
 import os
 import re
 import shutil
-import string
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     max_new_tokens_over_source_of,
     paper_generation_config,
 )
+from hf_vanilla_transformer.tools.markdown import code_literal, inline_code, markdown_text
 from hf_vanilla_transformer.tools.visualize import write_card_picture
 
 # The template is the repository's top-level model_card.md; the package carries a link to it.
@@ -45,7 +44,8 @@ def render_model_card(
 
     `model_id` is what the card's code loads: a path that loads the folder from where its users start (a run's
     `output_dir` as given), or a Hub id; a push renames it to the repository (`card_for`). Its base name titles
-    the card. The template gets it, and the example and its translation, as `code_literal`s.
+    the card. The template gets it, and the example and its translation, as `code_literal`s, and every other name
+    or sentence as `markdown_text` (markdown.py), and calls `code` (`inline_code`) for its code spans.
     `example_source` is the sentence the card's code examples translate, and `example_translation` what the model
     gave for it (written in the pipeline example's output comment). `attention_picture`, a path relative to the
     card (so that it shows on the Hub too), is the picture of the example's encoder-decoder attention.
@@ -78,17 +78,21 @@ def render_model_card(
         widget=[{"text": example_source}] if example_source else None,  # the Hub's example input
     )
     config = model.config
-    signatures = next(
-        ({"bleu": s.get("bleu_signature"), "chrf": s.get("chrf_signature")} for s in results.values()), None
+    first = next(iter(results.values()), {})
+    signatures = "; ".join(
+        f"{name} {inline_code(first[f'{metric}_signature'])}"
+        for metric, name in (("bleu", "BLEU"), ("chrf", "chrF"))
+        if first.get(f"{metric}_signature")
     )
     return ModelCard.from_template(
         card_data,
         template_path=str(MODEL_CARD_TEMPLATE),
-        model_name=os.path.basename(model_id.rstrip("/")),
+        model_name=card_title(model_id),
         model_literal=code_literal(model_id),
-        source_language=source_lang,
-        target_language=target_lang,
-        dataset_name=dataset_name,
+        code=inline_code,
+        source_language=markdown_text(source_lang),
+        target_language=markdown_text(target_lang),
+        dataset_name=dataset_name and markdown_text(dataset_name),
         architecture=[
             ("parameters", f"{model.num_parameters() / 1e6:.1f}M"),
             ("layers (encoder + decoder)", f"{config.encoder_layers} + {config.decoder_layers}"),
@@ -98,13 +102,18 @@ def render_model_card(
             ("layer norm", f"{config.layer_norm_position}-LN"),
             ("dropout", config.dropout),
         ],
-        training=list(training.items()),
+        training=[(markdown_text(name), markdown_text(str(value))) for name, value in training.items()],
         num_beams=model.generation_config.num_beams,
         length_penalty=model.generation_config.length_penalty,
         max_new_tokens_over_source=max_new_tokens_over_source_of(model.generation_config),
         paper_decoding=paper_generation_config(model.config),
         results=[
-            {"split": split, "samples": s.get("samples", ""), "bleu": f"{s['bleu']:.2f}", "chrf": f"{s['chrf']:.2f}"}
+            {
+                "split": markdown_text(split),
+                "samples": s.get("samples", ""),
+                "bleu": f"{s['bleu']:.2f}",
+                "chrf": f"{s['chrf']:.2f}",
+            }
             for split, s in results.items()
         ],
         signatures=signatures,
@@ -115,27 +124,9 @@ def render_model_card(
     )
 
 
-def code_literal(text: str) -> str:
-    """`text` as a string literal that means `text` in Python and in JavaScript alike, on one line. The cards' code
-    quotes a test set's sentence and a path: whatever they hold must stay one string, not end the literal (or the
-    code block around it) and run as code. A JSON string is valid in both languages (JavaScript's since ES2019) and
-    escapes quotes, backslashes and line ends; characters that do not print (U+2028, bidirectional controls) are
-    escaped too, so that the code reads as it runs. Other non-ASCII text stays as written: JSON's ASCII escapes
-    spell a character beyond U+FFFF as two UTF-16 halves, which JavaScript joins and Python does not (so the few
-    that do not print up there, such as the tag characters of flag emoji, stay as written too)."""
-    return "".join(
-        character if character.isprintable() or ord(character) > 0xFFFF else f"\\u{ord(character):04x}"
-        for character in json.dumps(text, ensure_ascii=False)
-    )
-
-
-def markdown_text(text: str) -> str:
-    """`text` as Markdown that shows it as written, on one line: its line breaks as spaces, and its ASCII
-    punctuation backslash-escaped (CommonMark allows it for any), so that it opens no link, code span, emphasis or
-    HTML, nor ends the picture description it is written in."""
-    return "".join(
-        f"\\{character}" if character in string.punctuation else character for character in " ".join(text.split())
-    )
+def card_title(model_id: str) -> str:
+    """The title of the card of `model_id` (a path or a Hub id): its last part, as Markdown text."""
+    return markdown_text(os.path.basename(model_id.rstrip("/")))
 
 
 def write_export_card(
@@ -151,7 +142,11 @@ def write_export_card(
     `usage(model_id, example_source)`, the example being the card's `widget` sentence. The pictures the card shows
     are copied with it."""
     card_path = os.path.join(model_path, "README.md")
-    card = ModelCard.load(card_path) if os.path.isfile(card_path) else ModelCard(f"---\n{{}}\n---\n\n# {model_id}\n")
+    card = (
+        ModelCard.load(card_path)
+        if os.path.isfile(card_path)
+        else ModelCard(f"---\n{{}}\n---\n\n# {card_title(model_id)}\n")
+    )
     card.data.library_name = library_name
     card.data.model_name = model_id  # the name the card's code loads; a push renames it (card_for)
     card.data.tags = [*(card.data.tags or []), *tags]

@@ -31,6 +31,7 @@ from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.loading import load_ours
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
 from hf_vanilla_transformer.tools.alignment import DEFAULT_LAYER
+from hf_vanilla_transformer.tools.markdown import code_literal, fenced_block
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "int8_float16", "bfloat16", "int8_bfloat16")
 # what our folder carries besides the weights that the export keeps (the weights become model.bin)
@@ -47,7 +48,7 @@ def export(model_path: str, output_dir: str, quantization: str = "float32", over
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
     converter_class = _converter_class()
-    check_output_dir(output_dir, overwrite_output_dir, source=model_path)
+    check_output_dir(output_dir, overwrite_output_dir, reads=[model_path])
     model, tokenizer = load_ours(model_path)
     converter = converter_class(model_path, model, tokenizer)
     with atomic_output_dir(output_dir, overwrite_output_dir) as staging:
@@ -72,8 +73,6 @@ def write_card(model_path: str, folder: str, quantization: str, model_id: str) -
 def usage(generation, quantization: str) -> Callable[[str, str], str]:
     """The card's "How to use" for a CTranslate2 export in `quantization` decoding as `generation` (its
     `GenerationConfig`) says."""
-    from hf_vanilla_transformer.tools.card import code_literal  # here, as in write_card
-
     beams = generation.num_beams or 1
     penalty = 1.0 if generation.length_penalty is None else generation.length_penalty
     max_new_tokens_over_source = max_new_tokens_over_source_of(generation)
@@ -83,23 +82,25 @@ def usage(generation, quantization: str) -> Callable[[str, str], str]:
         if max_new_tokens_over_source is not None
         else f"{positions} tokens"
     )
+    # as CTranslate2Translator decodes: the decoder's start token takes a position, and CTranslate2 counts no `</s>`,
+    # which generate() forces as Section 6.1's limit's last token
     decoding_length = (
-        f"min(len(source) + {max_new_tokens_over_source}, {positions})"
+        f"min(len(source) + {max_new_tokens_over_source - 1}, {positions - 2})"
         if max_new_tokens_over_source is not None
-        else str(positions)
+        else str(positions - 1)
     )
 
     def section(model_id: str, example: str) -> str:
         model_literal, example_literal = code_literal(model_id), code_literal(example)
+        # the path as one shell word, which may hold line breaks and backticks: the block's fence is longer
+        command = f"vanilla-translate --model {shlex.quote(model_id)} --input sentences.txt --output translations.txt"
         return f"""## How to use
 
 This folder is the model above converted for [CTranslate2](https://github.com/OpenNMT/CTranslate2), with weights
 in {quantization} (`vanilla-export-ctranslate2 --quantization {quantization}`); transformers cannot load it. With
 hf-vanilla-transformer installed (its `[fast]` extra), translate a file, one sentence a line:
 
-```bash
-vanilla-translate --model {shlex.quote(model_id)} --input sentences.txt --output translations.txt
-```
+{fenced_block("bash", command)}
 
 or call CTranslate2 on the tokens of the tokenizer stored here:
 

@@ -31,7 +31,8 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
 from hf_vanilla_transformer.loading import load_ours
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
-from hf_vanilla_transformer.tools.card import code_literal, write_export_card
+from hf_vanilla_transformer.tools.card import write_export_card
+from hf_vanilla_transformer.tools.markdown import code_literal
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # Marian's nn.LayerNorm(d_model), PyTorch's default
 
@@ -158,7 +159,7 @@ def marian_generation_config(generation_config: GenerationConfig) -> GenerationC
 
 def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False) -> str:
     """Write `model_path` (one of our model folders) as a `MarianMTModel` folder at `output_dir`."""
-    check_output_dir(output_dir, overwrite_output_dir, source=model_path)
+    check_output_dir(output_dir, overwrite_output_dir, reads=[model_path])
     model, tokenizer = load_ours(model_path)
     marian = marian_model(model)
     marian.generation_config = marian_generation_config(model.generation_config)

@@ -42,8 +42,9 @@ from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     PAPER_MAX_NEW_TOKENS_OVER_SOURCE,
     max_new_tokens_over_source_of,
 )
-from hf_vanilla_transformer.tools.card import code_literal, write_export_card
+from hf_vanilla_transformer.tools.card import write_export_card
 from hf_vanilla_transformer.tools.export_marian import marian_model
+from hf_vanilla_transformer.tools.markdown import code_literal, inline_code
 
 ONNX_FOLDER = "onnx"
 QUANTIZED = "_quantized"  # transformers.js's suffix for int8 files (its dtype "q8")
@@ -282,7 +283,7 @@ def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False)
     """Write `model_path` (one of our model folders) as an ONNX folder at `output_dir`."""
     for package in ("onnx", "onnxruntime", "onnxscript"):
         require(package, "exporting to ONNX")
-    check_output_dir(output_dir, overwrite_output_dir, source=model_path)
+    check_output_dir(output_dir, overwrite_output_dir, reads=[model_path])
     model, tokenizer = load_ours(model_path)
     marian = marian_model(model)
     with atomic_output_dir(output_dir, overwrite_output_dir) as staging:
@@ -305,6 +306,7 @@ def usage(max_new_tokens_over_source: int | None) -> Callable[[str, str], str]:
 
     def section(model_id: str, example: str) -> str:
         model_literal, example_literal = code_literal(model_id), code_literal(example)
+        onnx_translator = f"OnnxTranslator({model_literal}).translate(sentences, batch_size=32)"
         new_tokens = (max_new_tokens_over_source or PAPER_MAX_NEW_TOKENS_OVER_SOURCE) - 1  # `</s>` is not counted
         limit = (
             "The source model ends each sentence by its source length + "
@@ -332,7 +334,7 @@ console.log(tokenizer.decode(output[0], {{ skip_special_tokens: true }}));
 **Greedy decoding only**: transformers.js has no beam search, so translations here are greedy where the source
 model's own `generate()` uses the paper's beam search (beam 4, length penalty 0.6) — usually a little lower BLEU.
 {limit} In Python, ONNX Runtime decodes the same way with hf-vanilla-transformer's
-`hf_vanilla_transformer.tools.onnx_runtime.OnnxTranslator({model_literal}).translate(sentences, batch_size=32)`.
+{inline_code(f"hf_vanilla_transformer.tools.onnx_runtime.{onnx_translator}")}.
 """
 
     return section

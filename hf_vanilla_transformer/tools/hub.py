@@ -1,6 +1,8 @@
 """The Hub: checking a login and pushing a finished model folder, ours or an export, in one commit."""
 
+import os
 import shlex
+import unicodedata
 from collections import Counter
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -8,14 +10,15 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 
 from hf_vanilla_transformer.errors import one_line
-from hf_vanilla_transformer.tools.card import code_literal
+from hf_vanilla_transformer.files import UNPRINTABLE_IN_A_NAME, InputError
+from hf_vanilla_transformer.tools.markdown import code_literal
 
 # What a model folder is, ours (run_translation.py) or an export of it: the only files a push uploads. A pattern
 # matches at its own depth, a top-level name or one under onnx/ (huggingface_hub's allow_patterns let "*" cross a
 # "/": "*.safetensors" would take checkpoint-5/model.safetensors). Everything else stays local: the Trainer's state
 # (training_args.bin, a pickle that holds --hub_token; trainer_state.json; checkpoint-N/ with its optimizer and RNG
 # states, and the .deleting-checkpoint-N/ a killed rotation leaves), TensorBoard's runs/, hidden files (.env, .git/)
-# and an interrupted write's temporary files (.NAME.XXXX.partial).
+# and an interrupted write's temporary files (.NAME.XXXX.partial). A link counts as the file it leads to (model_files).
 UPLOADED = (
     # the weights: ours and the Marian export's (sharded, with an index, when large), CTranslate2's
     "*.safetensors",
@@ -69,21 +72,58 @@ def check_hub_login(token: str | None = None) -> str:
 
 def model_files(folder: str) -> tuple[list[str], list[str]]:
     """The files under `folder` that a push uploads (UPLOADED) and those it leaves out, as sorted paths relative to
-    it. A link is uploaded as the file it leads to, and left out where that file is outside the folder."""
-    root = Path(folder).resolve()
+    it. A link is judged by the file it leads to: uploaded (as that file) where that is a model file of the folder,
+    left out where it is hidden, not a model file (a checkpoint's state), not a file, or outside the folder.
+    A name that does not print on one line, the folder's own or one in it, is refused (`check_printable`)."""
+    check_printable(folder, "the model folder")
+    root = Path(os.path.realpath(folder))
     uploaded, left_out = [], []
     for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        check_printable(name, f"{folder}: the name")
         if path.is_dir() and not path.is_symlink():
             continue
-        name = path.relative_to(root).as_posix()
+        target = Path(os.path.realpath(path))  # the path itself, but for a link (a loop: a path that is no file)
         is_model_file = (
-            any(name.count("/") == pattern.count("/") and fnmatchcase(name, pattern) for pattern in UPLOADED)
-            and not any(part.startswith(".") for part in name.split("/"))
-            and path.is_file()
-            and path.resolve().is_relative_to(root)
+            is_model_file_name(name)
+            and target.is_file()
+            and target.is_relative_to(root)
+            and is_model_file_name(target.relative_to(root).as_posix())
         )
         (uploaded if is_model_file else left_out).append(name)
     return uploaded, left_out
+
+
+def is_model_file_name(name: str) -> bool:
+    """Whether `name`, a path relative to a model folder, is a model file's: it matches a pattern of UPLOADED at the
+    pattern's depth, and no part of it is hidden."""
+    return any(
+        name.count("/") == pattern.count("/") and fnmatchcase(name, pattern) for pattern in UPLOADED
+    ) and not any(part.startswith(".") for part in name.split("/"))
+
+
+# What a name may not hold (files.py's UNPRINTABLE_IN_A_NAME), and the stand-ins for bytes that are not UTF-8 which
+# os.fsdecode gives (surrogates): such a name neither prints nor is a path on the Hub
+UNPRINTABLE_IN_A_FILE_NAME = UNPRINTABLE_IN_A_NAME | {"Cs"}
+
+
+def check_printable(name: str, what: str) -> None:
+    """Refuse `name` (an InputError naming it as `what`) if it holds a character that would break its line in a
+    listing or a message (`--dry_run`'s, where a line break in a name forges the next line), hide in it, or that
+    is not UTF-8."""
+    for position, character in enumerate(name, 1):
+        if unicodedata.category(character) in UNPRINTABLE_IN_A_FILE_NAME:
+            raise InputError(
+                f"{what} {name!r} holds the unprintable character {character!r} (character {position}); rename it"
+            )
+
+
+def human_size(size: int) -> str:
+    """`size` bytes in the largest binary unit it reaches: `512 B`, `1.5 KiB`, `2.0 GiB`."""
+    if size < 1024:
+        return f"{size} B"
+    power = min((size.bit_length() - 1) // 10, 5)
+    return f"{size / 1024**power:.1f} {'KMGTP'[power - 1]}iB"
 
 
 def paths_in_brief(paths: list[str]) -> str:
@@ -98,12 +138,13 @@ def push_model_folder(
     """Upload the model files of a finished folder (`model_files`: ours, or an export of it) as one commit. The
     card's code names the model by the card's `model_name` (a local path until now): in the upload it names
     `repo_id`. `token` defaults to HF_TOKEN or the saved login."""
+    uploaded = model_files(folder)[0]  # a name refused before the repository is made
     api = HfApi(token=token)
     repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     root = Path(folder)
     operations = [
         CommitOperationAdd(path_in_repo=path, path_or_fileobj=card_for(root / path, repo_id) or str(root / path))
-        for path in model_files(folder)[0]
+        for path in uploaded
     ]
     commit = api.create_commit(
         repo_id, operations, commit_message=commit_message or "Upload model trained with hf-vanilla-transformer"

@@ -20,7 +20,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq, set_seed
 
-from hf_vanilla_transformer.files import check_output_dir, write_text_atomically
+from hf_vanilla_transformer.files import check_output_dir, check_output_dir_is_ours, write_text_atomically
 from hf_vanilla_transformer.hardware import describe_hardware, keep_more_onednn_kernels
 from hf_vanilla_transformer.loading import RUN_RECORD, load_model, load_tokenizer
 from hf_vanilla_transformer.model.configuration_vanilla_transformer import VanillaTransformerConfig
@@ -81,6 +81,8 @@ def prepare(model_args, data_args, training_args) -> Run:
     transformers.utils.logging.set_verbosity_warning()
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise ValueError("nothing to do: give --do_train, --do_eval and/or --do_predict")
+    # a resumed run writes into its folder too: what it must not write is refused whatever the flags
+    check_output_dir_is_ours(training_args.output_dir, reads=[model_args.model_name_or_path, model_args.tokenizer_name])
     resume_from = training_args.resume_from_checkpoint
     if resume_from == LATEST:
         # the same command starts a run and restarts it: from the newest complete checkpoint, if there is one
