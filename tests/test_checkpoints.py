@@ -2,8 +2,10 @@
 the command vanilla-average-checkpoints, which writes the mean of a run's newest checkpoints as a model folder."""
 
 import json
+import logging
 import os
 import runpy
+import stat
 import sys
 
 import pytest
@@ -123,6 +125,46 @@ def test_checkpoints_are_rotated_by_step_before_transformers_rotation_by_time(tm
     assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["checkpoint-2", "checkpoint-8"]
 
 
+@pytest.fixture(scope="module")
+def healthy_run(tmp_path_factory):
+    """A run with a checkpoint every 2 steps, rotated down to 2 and averaged into the final model, under the usual
+    umask (022: files readable by all unless made private), and the log records of WARNING and above it left."""
+    output = tmp_path_factory.mktemp("healthy") / "run"
+    warnings = RecordsAtOrAbove(logging.WARNING)
+    logging.getLogger().addHandler(warnings)
+    umask = os.umask(0o022)
+    try:
+        trainer = train_with_checkpoints(output, save_total_limit=2, average_last_checkpoints=2)
+        trainer.save_final_model()
+    finally:
+        os.umask(umask)
+        logging.getLogger().removeHandler(warnings)
+    return output, warnings.records
+
+
+class RecordsAtOrAbove(logging.Handler):
+    def __init__(self, level):
+        super().__init__(level)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_a_healthy_run_with_frequent_checkpoints_logs_no_warning(healthy_run):
+    output, warnings = healthy_run
+    assert [f"{r.levelname} {r.name}: {r.getMessage()}" for r in warnings] == []
+    assert sorted(p.name for p in output.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-8"]
+
+
+def test_training_args_which_may_hold_a_hub_token_are_private_to_their_owner(healthy_run):
+    output, _ = healthy_run
+    written = [output / "training_args.bin", output / "checkpoint-8" / "training_args.bin"]
+    assert {str(path): oct(stat.S_IMODE(path.stat().st_mode)) for path in written} == {
+        str(path): "0o600" for path in written
+    }
+
+
 def complete_checkpoints(folder, steps):
     for step in steps:
         checkpoint = folder / f"checkpoint-{step}"
@@ -143,6 +185,25 @@ def test_rotation_counts_the_checkpoint_being_written_and_the_best_as_transforme
         str(tmp_path), limit, best=best and str(tmp_path / best), writing=str(tmp_path / "checkpoint-12")
     )
     assert sorted(path.name for path in tmp_path.iterdir()) == kept
+
+
+def test_rotation_deletes_what_stopped_runs_left_half_written_and_says_so_without_a_warning(tmp_path, caplog):
+    complete_checkpoints(tmp_path, [2, 4, 6])
+    for step in (5, 12, 14):  # a stopped run's: no trainer state; 12 is being written now
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"")
+    with caplog.at_level("INFO", logger="hf_vanilla_transformer"):
+        rotate_checkpoints(str(tmp_path), 3, writing=str(tmp_path / "checkpoint-12"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-12", "checkpoint-4", "checkpoint-6"]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "Deleting checkpoint-5, which a stopped run left half-written"),
+        ("INFO", "Deleting checkpoint-14, which a stopped run left half-written"),
+        ("INFO", "Deleting checkpoint-2 (keeping the newest 3)"),
+    ]
+    # without a limit too: a half-written folder is never kept
+    (tmp_path / "checkpoint-3").mkdir()
+    rotate_checkpoints(str(tmp_path), None)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-4", "checkpoint-6"]
 
 
 def test_the_command_writes_the_mean_of_the_newest_checkpoints_as_a_model_folder(tmp_path, capsys):
@@ -180,8 +241,6 @@ def test_the_command_writes_the_mean_of_the_newest_checkpoints_as_a_model_folder
     [
         (["--last", "5"], "model_dir {run} holds 4 complete checkpoints; averaging the last 5 needs 5"),
         (["--last", "0"], "the number of checkpoints to average must be at least 1, got 0"),
-        (["--output_dir", "{run}"], "output_dir {run} holds the run folder {run}: write the model elsewhere"),
-        (["--output_dir", "{tmp}"], "output_dir {tmp} holds the run folder {run}: write the model elsewhere"),
         (["--model_dir", "{tmp}/nothing"], "model_dir {tmp}/nothing: no such folder"),
         (["--output_dir", "{tmp}/taken"], "output_dir {tmp}/taken exists and is not empty; add overwrite_output_dir"),
     ],

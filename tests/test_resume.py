@@ -2,6 +2,9 @@
 
 import json
 import os
+import re
+import signal
+import stat
 import subprocess
 import sys
 import time
@@ -62,9 +65,8 @@ def test_resume_from_checkpoint(tmp_path):
     assert f"- training time: {total / 60:.1f} minutes\n" in (tmp_path / "run" / "README.md").read_text()
 
 
-# A 1+1-layer model with dropout, token budgets, a checkpoint every 24 steps and averaging of the last 3: a whole
-# run takes a few seconds, most of them starting Python.
-KILLED_RUN = [
+# A 1+1-layer model with dropout and token budgets: a whole run takes a few seconds, most of them starting Python.
+TINY_TRAINING = [
     "run_translation.py",
     "--preset",
     "small",
@@ -80,10 +82,17 @@ KILLED_RUN = [
     "--do_train",
     "--max_tokens_per_batch",
     "600",
-    "--max_steps",
-    "240",
     "--warmup_steps",
     "10",
+    "--seed",
+    "3",
+    *QUIET_CPU,
+]
+# 240 steps, a checkpoint every 24 and averaging of the last 3
+KILLED_RUN = [
+    *TINY_TRAINING,
+    "--max_steps",
+    "240",
     "--save_steps",
     "24",
     "--save_total_limit",
@@ -92,22 +101,24 @@ KILLED_RUN = [
     "3",
     "--logging_steps",
     "4",
-    "--seed",
-    "3",
-    *QUIET_CPU,
 ]
 KILL_TIMEOUT = 240
 
 
 def kill_when(run: list[str], output_dir: Path, phase: str, rng) -> str:
     """Run `run` (KILLED_RUN in a precision; resuming) and SIGKILL it in `phase`: "step" (a random moment of
-    training), "checkpoint" (while a checkpoint folder is being written: it exists, its trainer_state.json not yet)
-    or "averaging" (once the final averaging has begun). Returns what happened: "killed" or "finished" (it ended
-    first)."""
+    training), "checkpoint" (as it opens one of its first checkpoint's files, drawn by `rng`: `KILL_POINTS`) or
+    "averaging" (once the final averaging has begun). Returns what happened: "killed", "killed while writing
+    checkpoint-N" (the checkpoint phase: the folder it left has no trainer state) or "finished" (it ended first)."""
     command = [sys.executable, *run, "--output_dir", str(output_dir), "--resume_from_checkpoint"]
+    env = dict(os.environ)
+    if phase == "checkpoint":
+        # before the weights, after them (the optimizer state not yet), before the trainer state
+        kill_point = rng.choice(["config.json", "tokenizer_config.json", "trainer_state.json"])
+        env |= {"PYTHONPATH": str(kill_points(output_dir.parent)), "KILL_WHILE_WRITING": f"/{kill_point}"}
     log = output_dir.parent / f"{output_dir.name}.log"
     with open(log, "a") as stream:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=stream, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=stream, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + KILL_TIMEOUT
     seen = {p.name for p in output_dir.glob("checkpoint-*")} if output_dir.is_dir() else set()
     wait_until = None
@@ -117,16 +128,22 @@ def kill_when(run: list[str], output_dir: Path, phase: str, rng) -> str:
             wait_until = time.monotonic() + rng.uniform(0.0, 0.5)  # training runs: at a random step among the next
         if phase == "step" and wait_until is not None and time.monotonic() >= wait_until:
             break
-        if phase == "checkpoint" and any(not (p / "trainer_state.json").exists() for p in new):
-            break
         if phase == "averaging" and "Averaging checkpoint-" in log.read_text():
             break
         time.sleep(0.001)
-    if process.poll() is not None:
+    if process.poll() is None:
+        process.kill()
+    if process.wait(timeout=30) != -signal.SIGKILL:
         return "finished"
-    process.kill()
-    process.wait(timeout=30)
+    if phase == "checkpoint":
+        (left,) = half_written(output_dir)
+        return f"killed while writing {left}"
     return "killed"
+
+
+def half_written(output_dir: Path) -> list[str]:
+    """The checkpoint folders in `output_dir` without a trainer state (which the Trainer writes last)."""
+    return sorted(p.name for p in output_dir.glob("checkpoint-*") if not (p / "trainer_state.json").exists())
 
 
 @pytest.fixture(scope="module", params=["true", "false"], ids=["bf16", "float32"])
@@ -160,7 +177,7 @@ def competing_cpu_load(processes: int = 1):
 
 def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_run, tmp_path):
     """Killed 3 times (at a step, while writing a checkpoint, while averaging) beside a CPU-bound process, which
-    moves where the kills land (a run under load is what found transformers' rotation by modification time; the
+    moves where the timed kills land (a run under load is what found transformers' rotation by modification time; the
     deletion kill below pins it)."""
     import random
 
@@ -170,7 +187,8 @@ def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_ru
     with competing_cpu_load():
         phases = ("step", "checkpoint", "averaging")
         outcomes = [kill_when(run, killed, phase, rng) for phase in phases]
-    assert outcomes == ["killed"] * 3
+    assert outcomes[0] == outcomes[2] == "killed"
+    assert re.fullmatch(r"killed while writing checkpoint-\d+", outcomes[1]), outcomes[1]
     restart = subprocess.run(
         [sys.executable, *run, "--output_dir", str(killed), "--resume_from_checkpoint"],
         cwd=REPO_ROOT,
@@ -185,43 +203,59 @@ def test_a_run_killed_at_any_moment_resumes_to_the_same_weights(uninterrupted_ru
     assert ours["global_step"] == theirs["global_step"] == 240 and ours["epoch"] == theirs["epoch"]
     losses = [[(e["step"], e["loss"]) for e in state["log_history"] if "loss" in e] for state in (ours, theirs)]
     assert losses[0] == losses[1] and len(losses[0]) == 240 // 4
-    log = (tmp_path / "killed.log").read_text()
-    assert "is incomplete (its run stopped while writing it): not used" in log  # a checkpoint kill was seen
 
 
-# Python's audit hooks see shutil.rmtree begin and each file it removes: `sitecustomize` kills the process at the
-# M-th file it removes while deleting checkpoint folder NAME (KILL_WHILE_DELETING="NAME:M"), a moment a real kill
-# rarely hits.
-KILL_WHILE_DELETING = """
+# Python's audit hooks see each file Python opens (not those torch and safetensors write from C++ and Rust: the
+# weights, training arguments, optimizer and RNG states), shutil.rmtree begin and each file it removes: `sitecustomize`
+# kills the process (SIGKILL) as it opens for writing a file in a checkpoint folder whose path ends with PATH
+# (KILL_WHILE_WRITING="PATH"), or at the M-th file it removes while deleting the folder whose path ends with NAME
+# (KILL_WHILE_DELETING="NAME:M"): moments a timed kill rarely hits.
+KILL_POINTS = """
 import os, signal, sys
-if os.environ.get("KILL_WHILE_DELETING"):
-    name, file_number = os.environ["KILL_WHILE_DELETING"].split(":")
-    seen = {"deleting": False, "files": 0}
 
-    def hook(event, args):
-        if event == "shutil.rmtree":
-            seen["deleting"] = os.fsdecode(args[0]).endswith(name)
-        elif event == "os.remove" and seen["deleting"]:
-            seen["files"] += 1
-            if seen["files"] == int(file_number):
-                os.kill(os.getpid(), signal.SIGKILL)
+writing = os.environ.get("KILL_WHILE_WRITING")
+deleting = os.environ.get("KILL_WHILE_DELETING")
+if deleting:
+    name, file_number = deleting.split(":")
+seen = {"deleting": False, "files": 0}
 
+
+def hook(event, args):
+    if event == "open" and writing and isinstance(args[0], (str, bytes)) and "w" in (args[1] or ""):
+        if os.fsdecode(args[0]).endswith(writing) and "/checkpoint-" in os.fsdecode(args[0]):
+            os.kill(os.getpid(), signal.SIGKILL)
+    elif event == "shutil.rmtree" and deleting:
+        seen["deleting"] = os.fsdecode(args[0]).endswith(name)
+    elif event == "os.remove" and seen["deleting"]:
+        seen["files"] += 1
+        if seen["files"] == int(file_number):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+if writing or deleting:
     sys.addaudithook(hook)
 """
+
+
+def kill_points(folder: Path) -> Path:
+    """A folder holding `KILL_POINTS` as `sitecustomize.py`, for a run's PYTHONPATH."""
+    site = folder / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(KILL_POINTS)
+    return site
 
 
 def test_a_run_killed_while_deleting_checkpoints_resumes_to_the_same_weights(uninterrupted_run, tmp_path):
     # transformers' rotation orders checkpoints by modification time, which a half-done deletion renews: the
     # half-deleted folder was then kept in place of a newer checkpoint, and averaging read it (other weights)
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(KILL_WHILE_DELETING)
+    site = kill_points(tmp_path)
     run, uninterrupted = uninterrupted_run
     killed = tmp_path / "killed"
     command = [sys.executable, *run, "--output_dir", str(killed), "--resume_from_checkpoint"]
     # a rotation of the first run (at step 168, of checkpoint-72), the resumed run's clearing of that folder, then
     # the deletion of the averaged checkpoints once the model is saved (checkpoint-168 first, then 192), then none
     for kill in ("checkpoint-72:2", "checkpoint-72:1", "checkpoint-192:2", None):
-        env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")} | ({"KILL_WHILE_DELETING": kill} if kill else {})
+        env = {**os.environ, "PYTHONPATH": str(site)} | ({"KILL_WHILE_DELETING": kill} if kill else {})
         result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=KILL_TIMEOUT)
         assert result.returncode == (-9 if kill else 0), (kill, result.stderr[-2000:])
     assert "holds this run's final model already: loaded, not averaged again" in result.stderr
@@ -229,6 +263,79 @@ def test_a_run_killed_while_deleting_checkpoints_resumes_to_the_same_weights(uni
     # the run folder is the model, and the last checkpoint, which a longer budget resumes from
     for folder in (killed, uninterrupted):
         assert sorted(p.name for p in folder.iterdir() if "checkpoint" in p.name) == ["checkpoint-240"]
+
+
+# 12 steps, a checkpoint every 4, 3 kept and averaged; the finished folder keeps them, to be counted
+ROTATED_RUN = [
+    *TINY_TRAINING,
+    "--max_steps",
+    "12",
+    "--save_steps",
+    "4",
+    "--save_total_limit",
+    "3",
+    "--average_last_checkpoints",
+    "3",
+    "--keep_checkpoints",
+    "true",
+    "--logging_steps",
+    "4",
+]
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_writing_its_time_limit_checkpoint_ends_with_the_newest_complete_checkpoints(tmp_path):
+    """Killed while writing a checkpoint, then while writing the checkpoint a time budget ends training with (at a
+    step no other run saves at), then while deleting what those left: the resumed run ends with the newest 3
+    complete checkpoints, nothing half-written, and the mean of all 3 (transformers' rotation, which counts every
+    checkpoint-N folder, deleted a complete checkpoint in place of a half-written one, and averaging read 2)."""
+    site = kill_points(tmp_path)
+
+    def start(output_dir: Path, *flags: str, **kill_point: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, *ROTATED_RUN, "--output_dir", str(output_dir), *flags]
+        env = {**os.environ, "PYTHONPATH": str(site), **kill_point}
+        return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=KILL_TIMEOUT)
+
+    uninterrupted = tmp_path / "uninterrupted"
+    healthy = start(uninterrupted)
+    assert healthy.returncode == 0, healthy.stderr[-2000:]
+    # nothing went wrong, and nothing says so (transformers' own "mtime may not be reliable" line, its rotation's
+    # for checkpoints written within a second, carries no level)
+    assert [line for line in healthy.stderr.splitlines() if "WARNING" in line] == []
+
+    killed = tmp_path / "killed"
+    first = start(killed, KILL_WHILE_WRITING="checkpoint-12/tokenizer_config.json")  # its weights written
+    assert first.returncode == -signal.SIGKILL and half_written(killed) == ["checkpoint-12"], first.stderr[-2000:]
+    # resumed from checkpoint-8 with a time budget that a single step more spends: training stops after step 9 with
+    # a checkpoint, and the run is killed before its trainer state; the rotation there deleted checkpoint-12
+    recorded = json.loads((killed / "checkpoint-8" / "trainer_state.json").read_text())["stateful_callbacks"]
+    budget = recorded["TimeLimitCallback"]["attributes"]["spent_seconds"] / 60 + 1e-6
+    second = start(
+        killed,
+        "--resume_from_checkpoint",
+        "--max_train_minutes",
+        repr(budget),
+        KILL_WHILE_WRITING="checkpoint-9/trainer_state.json",
+    )
+    assert second.returncode == -signal.SIGKILL, second.stderr[-2000:]
+    assert half_written(killed) == ["checkpoint-9"] and (killed / "checkpoint-9" / "optimizer.pt").is_file()
+    # resumed from checkpoint-8 again, to the end: killed while checkpoint-12's rotation deletes checkpoint-9
+    third = start(killed, "--resume_from_checkpoint", KILL_WHILE_DELETING=".deleting-checkpoint-9:1")
+    assert third.returncode == -signal.SIGKILL, third.stderr[-2000:]
+    assert (killed / ".deleting-checkpoint-9").is_dir() and half_written(killed) == ["checkpoint-12"]
+    last = start(killed, "--resume_from_checkpoint")
+    assert last.returncode == 0, last.stderr[-2000:]
+
+    for folder, log in ((uninterrupted, healthy.stderr), (killed, last.stderr)):
+        assert sorted(p.name for p in folder.iterdir() if "checkpoint" in p.name) == [
+            "checkpoint-12",
+            "checkpoint-4",
+            "checkpoint-8",
+        ]
+        assert half_written(folder) == []
+        assert "Averaging checkpoint-4, checkpoint-8, checkpoint-12\n" in log
+        assert {oct(stat.S_IMODE(p.stat().st_mode)) for p in folder.rglob("training_args.bin")} == {"0o600"}
+    assert (killed / "model.safetensors").read_bytes() == (uninterrupted / "model.safetensors").read_bytes()
 
 
 def write_checkpoints(output_dir: Path, steps: dict[int, bool]) -> None:

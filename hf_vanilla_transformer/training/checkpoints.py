@@ -35,16 +35,20 @@ def checkpoint_folders(output_dir: str) -> list[str]:
     left half-written is passed over, with a log line: the Trainer writes a checkpoint's `trainer_state.json` last,
     so a checkpoint is complete when that file reads as JSON and names the folder's step. (A folder is renamed
     away before it is deleted, `rotate_checkpoints`, so a half-deleted one is never mistaken for a checkpoint.)"""
-    steps = []
-    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else []:
-        match = CHECKPOINT.fullmatch(name)
-        if not match:
-            continue
-        if is_complete_checkpoint(os.path.join(output_dir, name), int(match.group(1))):
-            steps.append(int(match.group(1)))
-        else:
-            logger.warning("%s is incomplete (its run stopped while writing it): not used", name)
-    return [os.path.join(output_dir, f"checkpoint-{step}") for step in sorted(steps)]
+    complete, incomplete = checkpoints_by_step(output_dir)
+    for folder in incomplete:
+        logger.warning("%s is incomplete (its run stopped while writing it): not used", os.path.basename(folder))
+    return complete
+
+
+def checkpoints_by_step(output_dir: str) -> tuple[list[str], list[str]]:
+    """The `checkpoint-STEP` folders in `output_dir`, oldest first: the complete ones, and the others."""
+    folders = {True: [], False: []}
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    for step, name in sorted((int(match.group(1)), name) for name in names if (match := CHECKPOINT.fullmatch(name))):
+        folder = os.path.join(output_dir, name)
+        folders[is_complete_checkpoint(folder, step)].append(folder)
+    return folders[True], folders[False]
 
 
 def is_complete_checkpoint(folder: str, step: int) -> bool:
@@ -87,37 +91,51 @@ def checkpoint_to_resume(folder: str) -> str:
 
 
 def rotate_checkpoints(output_dir: str, limit: int | None, best: str | None = None, writing: str | None = None) -> None:
-    """Delete the checkpoints older than the newest `limit` by step (None: keep all), counted as transformers counts
-    `save_total_limit`: complete ones and `writing` (one being written) count, `best` (the best one) stays and counts
-    among them, and the newest always stays. Folders of older steps go whether complete or not.
+    """Delete the folders that stopped runs left half-written (all but `writing`, the one being written), and the
+    checkpoints older than the newest `limit` by step (None: keep all), counted as transformers counts
+    `save_total_limit`: complete ones and `writing` count, `best` (the best one) stays and counts among them, and
+    the newest always stays.
 
     transformers' rotation (`trainer_utils.rotate_checkpoints`, which its Trainer calls with `use_mtime=True` in
-    the releases we support) orders the folders by modification time, which deleting files changes: a run stopped while
-    deleting a folder leaves it half-deleted and, to the next rotation, the newest, so a newer checkpoint is deleted
-    in its place and checkpoint averaging reads the half-deleted one. Ordered by step (`use_mtime=False`) it still
-    deletes a folder file by file where it lies, and a half-deleted folder that kept its weights and trainer state
-    reads as complete. Here the order is the step's, and each folder is renamed away (atomically) before its files
-    are deleted.
+    the releases we support, after `save_model` and the trainer state) counts every `checkpoint-*` folder and
+    orders them by modification time, which deleting files changes: a half-written folder left in place would make
+    it delete a complete checkpoint, and a run stopped while deleting a folder leaves it half-deleted and, to the
+    next rotation, the newest, so a newer checkpoint is deleted in its place and checkpoint averaging reads the
+    half-deleted one. Ordered by step (`use_mtime=False`) it still deletes a folder file by file where it lies,
+    and a half-deleted folder that kept its weights and trainer state reads as complete. Here the order is the
+    step's, and each folder is renamed away (atomically) before its files are deleted.
     """
     if not os.path.isdir(output_dir):
         return
     for name in os.listdir(output_dir):  # what a stopped deletion left
         if name.startswith(BEING_DELETED):
             shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+    complete, incomplete = checkpoints_by_step(output_dir)
+    writing_step = step_of(writing) if writing is not None else None
+    for folder in incomplete:
+        if step_of(folder) != writing_step:
+            logger.info("Deleting %s, which a stopped run left half-written", os.path.basename(folder))
+            delete_checkpoint(folder)
     if not limit:
         return
-    steps = {step_of(folder) for folder in [*checkpoint_folders(output_dir), writing] if folder is not None}
+    steps = {step_of(folder) for folder in complete} | ({writing_step} if writing is not None else set())
     best_step = step_of(best) if best is not None else None
     best_step = best_step if best_step in steps else None
     others = sorted(steps - {best_step})
     if len(steps) <= limit or not others:
         return
     oldest_kept = others[-max(limit - (best_step is not None), 1)]  # the newest always stays, for resuming
-    for step, name in sorted((step_of(name), name) for name in os.listdir(output_dir) if CHECKPOINT.fullmatch(name)):
-        if step < oldest_kept and step != best_step:
-            logger.info("Deleting %s (keeping the newest %d)", name, limit)
-            os.replace(os.path.join(output_dir, name), os.path.join(output_dir, BEING_DELETED + name))
-            shutil.rmtree(os.path.join(output_dir, BEING_DELETED + name))
+    for folder in complete:
+        if step_of(folder) < oldest_kept and step_of(folder) != best_step:
+            logger.info("Deleting %s (keeping the newest %d)", os.path.basename(folder), limit)
+            delete_checkpoint(folder)
+
+
+def delete_checkpoint(folder: str) -> None:
+    """Rename `folder` away (`BEING_DELETED`), then delete its files: never half-deleted under its own name."""
+    parent, name = os.path.split(os.path.normpath(folder))
+    os.replace(folder, os.path.join(parent, BEING_DELETED + name))
+    shutil.rmtree(os.path.join(parent, BEING_DELETED + name))
 
 
 def step_of(folder: str) -> int:
@@ -184,10 +202,7 @@ def write_averaged_model(model_dir: str, last: int, output_dir: str, overwrite_o
     """
     if not os.path.isdir(model_dir):
         raise ValueError(f"model_dir {model_dir}: no such folder")
-    run = os.path.realpath(model_dir)
-    if os.path.commonpath([run, os.path.realpath(output_dir)]) == os.path.realpath(output_dir):
-        raise ValueError(f"output_dir {output_dir} holds the run folder {model_dir}: write the model elsewhere")
-    check_output_dir(output_dir, overwrite_output_dir)  # before the work
+    check_output_dir(output_dir, overwrite_output_dir, reads=[model_dir])  # before the work
     folders = last_checkpoints(model_dir, last)
     if len(folders) < last:
         raise ValueError(

@@ -17,7 +17,7 @@ import datasets
 from accelerate.utils import broadcast
 from torch.utils.data import DataLoader
 from transformers import EvalPrediction, ProgressCallback, Seq2SeqTrainer
-from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_pt_utils import nested_truncate
 from transformers.trainer_utils import EvalLoopOutput, TrainOutput, get_last_checkpoint
@@ -67,7 +67,8 @@ class TranslationTrainer(Seq2SeqTrainer):
     - the learning rate of Equation 3 for the model's d_model when `learning_rate` is not given (set in the
       trainer's own copy of the arguments: the caller's stay as given);
     - a time limit, `max_train_minutes`, with a progress bar against it;
-    - checkpoints rotated by step (`save_model`), the last step always saved (`LastStepCheckpointCallback`);
+    - checkpoints rotated by step and half-written ones deleted (`save_model`), the last step always saved
+      (`LastStepCheckpointCallback`); `training_args.bin` readable by its owner alone (`private_file`);
     - `save_final_model()`: the mean of the last `average_last_checkpoints` checkpoints saved as the model, and
       then the checkpoints deleted but the last (`keep_checkpoints` keeps them): the run folder is the model;
     - resuming that ends where an uninterrupted run does: half-written checkpoints are passed over
@@ -137,11 +138,16 @@ class TranslationTrainer(Seq2SeqTrainer):
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def save_model(self, output_dir: str | None = None, *args, **kwargs) -> None:
-        """`Trainer.save_model`, which the Trainer also calls first when it writes a checkpoint. There the moving
-        average of the weights goes in beside the model, before the trainer state that completes the checkpoint,
-        and the older checkpoints are rotated by step (`rotate_checkpoints`), down to `save_total_limit` with the
-        one being written: transformers' own rotation, which comes after and orders the folders by modification
-        time, then finds none to delete."""
+        """`Trainer.save_model`, which the Trainer also calls first when it writes a checkpoint. `training_args.bin`
+        (a pickle of the arguments, `hub_token` among them) is created readable by its owner alone before the
+        Trainer writes into it (`private_file`). In a checkpoint, the moving average of the weights goes in beside
+        the model, before the trainer state that completes the checkpoint, and the folders a stopped run left
+        half-written and the older checkpoints are deleted by step (`rotate_checkpoints`), down to
+        `save_total_limit` with the one being written: transformers' own rotation, which comes after, counts every
+        `checkpoint-*` folder and orders them by modification time, then finds none to delete."""
+        folder = self.args.output_dir if output_dir is None else output_dir
+        if self.args.should_save:
+            private_file(os.path.join(folder, TRAINING_ARGS_NAME))
         super().save_model(output_dir, *args, **kwargs)
         checkpoint = output_dir is not None and CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(output_dir)))
         if checkpoint and self.args.should_save:
@@ -256,7 +262,7 @@ class TranslationTrainer(Seq2SeqTrainer):
     def save_final_model(self, finished_checkpoint: str | None = None) -> TrainerState:
         """Save the trained model in `args.output_dir`, averaged (Section 6.1) when `args.average_last_checkpoints`
         asks, or the moving average of the weights under `args.ema_decay`, with the trainer state; then delete the
-        checkpoints but the last, unless `args.keep_checkpoints`.
+        checkpoints but the last, unless `args.keep_checkpoints`, and the folders a stopped run left half-written.
         Returns the trainer state saved.
 
         `finished_checkpoint`: a checkpoint at which training was already over (`training_is_over`), for a run
@@ -295,9 +301,18 @@ class TranslationTrainer(Seq2SeqTrainer):
             if self.is_world_process_zero():  # last: the saved trainer state says that the model beside it is complete
                 state.save_to_json(os.path.join(output_dir, TRAINER_STATE_NAME))
         self.accelerator.wait_for_everyone()
-        if not args.keep_checkpoints and self.is_world_process_zero():
-            rotate_checkpoints(output_dir, limit=1)
+        if self.is_world_process_zero():  # what a stopped run left half-written goes, kept checkpoints or not
+            rotate_checkpoints(output_dir, limit=None if args.keep_checkpoints else 1)
         return state
+
+
+def private_file(path: str) -> None:
+    """Create `path` (and its folder), or narrow an existing file, readable and writable by its owner alone, so that
+    what is then written into it (opened "wb", which keeps the mode) is never readable by others, not even for a
+    moment or after a kill."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    os.chmod(path, 0o600)  # a file that was there keeps its mode through O_CREAT
 
 
 def saved_model_is_of(output_dir: str, state: TrainerState) -> bool:
