@@ -5,10 +5,13 @@ that names the file or folder and what is wrong, before memory is spent on it an
 raises becomes a `ModelFolderError`. docs/loading.md lists which checks are ours and which are transformers'.
 """
 
+import contextlib
 import json
 import logging
 import math
 import os
+from decimal import Decimal
+from typing import NamedTuple
 
 from huggingface_hub.errors import StrictDataclassError
 
@@ -35,15 +38,17 @@ def load_model_and_tokenizer(model_path: str, device: str | None = None, dtype=N
 
 def load_ours(model_path: str):
     """The model (float32, on the CPU) and tokenizer of one of our folders, for an export; another model type is
-    refused, naming the folder's config."""
-    model, tokenizer = load_model_and_tokenizer(model_path, "cpu", dtype="float32")
-    if model.config.model_type != "vanilla_transformer":
-        raise ModelFolderError(
-            f"{os.path.join(model_path, CONFIG_NAME)}: model_type {model.config.model_type!r} is not ours "
-            "(vanilla_transformer); only our models are exported (CTranslate2's ct2-transformers-converter and "
-            "transformers' exporters take others)"
-        )
-    return model, tokenizer
+    refused before it is loaded, naming the folder's config."""
+    model_path = model_folder(model_path)
+    config_file = os.path.join(model_path, CONFIG_NAME)
+    if os.path.isfile(config_file):  # else load_model says what is missing
+        model_type = read_json_object(config_file).get("model_type")
+        if model_type != "vanilla_transformer":
+            raise ModelFolderError(
+                f"{config_file}: model_type {model_type!r} is not ours (vanilla_transformer); only our models are "
+                "exported (CTranslate2's ct2-transformers-converter and transformers' exporters take others)"
+            )
+    return load_model_and_tokenizer(model_path, "cpu", dtype="float32")
 
 
 # What the model folders we load hold (ours, and our CTranslate2 and ONNX exports): a Hub download takes these files
@@ -104,57 +109,180 @@ def load_model(model_path: str, device: str | None = None, dtype=None, attn_impl
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=False)
     except StrictDataclassError as error:  # a field of the wrong type or value: its message takes two lines
         raise ModelFolderError(f"{config_file}: {one_line(error)}") from None
-    except (OSError, ValueError, TypeError, KeyError) as error:
+    except (OSError, ValueError, TypeError, KeyError, OverflowError) as error:  # Overflow: a size no float holds
         raise ModelFolderError(f"{config_file}: {first_line(error)}") from None
-    check_config_fits(config, model_path)
+    check_config_fits(config, model_path, dtype)
     try:
-        model, report = AutoModelForSeq2SeqLM.from_pretrained(
-            model_path,
-            config=config,
-            trust_remote_code=False,
-            output_loading_info=True,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-        )
+        with load_report_left_out():
+            model, report = AutoModelForSeq2SeqLM.from_pretrained(
+                model_path,
+                config=config,
+                trust_remote_code=False,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,  # reported in one line below, with the shapes
+                dtype=dtype,
+                attn_implementation=attn_implementation,
+            )
     except Exception as error:  # safetensors' SafetensorError derives from Exception alone
         raise ModelFolderError(f"{model_path}: {first_line(error)}") from None
     weights_file = os.path.join(model_path, WEIGHTS_NAME)
-    for kind in ("missing", "unexpected"):  # transformers fills in missing weights at random and drops extra ones
-        if report[f"{kind}_keys"]:
-            names = sorted(report[f"{kind}_keys"])
-            raise ModelFolderError(f"{weights_file}: {len(names)} weights {kind}, the first {names[0]}")
+    # transformers fills in missing and mis-shaped weights at random and drops extra ones
+    for kind, names in (
+        ("missing", sorted(report["missing_keys"])),
+        ("unexpected", sorted(report["unexpected_keys"])),
+        (
+            "of another shape than the config gives",
+            sorted(f"{name} {tuple(held)}, not {tuple(built)}" for name, held, built in report["mismatched_keys"]),
+        ),
+    ):
+        if names:
+            raise ModelFolderError(f"{weights_file}: {len(names)} weights {kind}: {first_few(names)}")
     for name, tensor in model.named_parameters():  # each tied matrix once
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        # all values are finite where the least and the greatest are (a NaN is both): no mask the tensor's size
+        if tensor.is_floating_point() and not torch.isfinite(torch.stack(torch.aminmax(tensor))).all():
             raise ModelFolderError(f"{weights_file}: {name} holds NaN or infinite values")
     return model.to(device)
 
 
-def check_config_fits(config, model_path: str) -> None:
-    """Refuse a config that describes a model larger than the weights file holds or than this machine's memory,
-    before anything is allocated. Our models only: for others transformers' own checks apply."""
+def first_few(names: list[str], shown: int = 3) -> str:
+    """The first `shown` names, and how many more there are."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
+
+
+@contextlib.contextmanager
+def load_report_left_out():
+    """transformers' log without its load report, the table of each missing, unexpected or mis-shaped weight (a
+    line each: thousands for a config of thousands of layers): `load_model` says the same in one line."""
+    from transformers.utils import logging as transformers_logging
+
+    def not_the_load_report(record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+    modeling_logger = transformers_logging.get_logger("transformers.modeling_utils")  # the one that logs the report
+    modeling_logger.addFilter(not_the_load_report)
+    try:
+        yield
+    finally:
+        modeling_logger.removeFilter(not_the_load_report)
+
+
+def check_config_fits(config, model_path: str, dtype=None) -> None:
+    """Refuse a config that describes a model larger than the weights file holds or than this machine's free
+    memory can load in `dtype` (`from_pretrained`'s), before anything is allocated. Our models only: for others
+    transformers' own checks apply."""
     if config.model_type != "vanilla_transformer":
         return
     config_file = os.path.join(model_path, CONFIG_NAME)
     weights_file = os.path.join(model_path, WEIGHTS_NAME)
-    # at least the shared embedding and every feed-forward network: far fewer than the model has, never more
-    needed = config.vocab_size * config.d_model + 2 * config.d_model * (
-        config.encoder_layers * config.encoder_ffn_dim + config.decoder_layers * config.decoder_ffn_dim
+    size = model_size(config)
+    stored = stored_weights(weights_file)
+    if stored is not None and size.weights > stored.count:
+        raise ModelFolderError(
+            f"{config_file}: describes a model of {size.weights:,} weights, but {weights_file} holds "
+            f"{stored.count:,}; they do not belong together"
+        )
+    needed = memory_to_load(config, dtype, stored)
+    available = available_memory()
+    if available is not None and needed > available:
+        raise ModelFolderError(
+            f"{config_file}: the model it describes ({size.weights:,} weights in {size.tensors:,} tensors, "
+            f"d_model={config.d_model}, max_position_embeddings={config.max_position_embeddings}) needs about "
+            f"{gib(needed)} GiB to load, more than the {gib(available)} GiB free on this machine"
+        )
+
+
+def gib(size: int) -> str:
+    """`size` bytes in GiB, to a tenth; a size of any number of digits (Decimal: no float holds some)."""
+    return f"{Decimal(size) / 2**30:,.1f}"
+
+
+class ModelSize(NamedTuple):
+    weights: int  # values, each tied matrix once, as model.safetensors holds them
+    tensors: int
+
+
+def model_size(config) -> ModelSize:
+    """The size of our model built from `config`, computed from the config alone so that a config of any size is
+    judged before anything is built (tests/test_loading.py checks it against built models). Learned positions are
+    weights; sinusoidal ones are computed, never stored, and not counted."""
+    d_model = config.d_model
+
+    def attention(heads: int) -> int:  # W^Q, W^K, W^V, W^O
+        d_k, d_v = config.attention_head_dims(heads)
+        return 2 * d_model * heads * (d_k + d_v)
+
+    def feed_forward(width: int) -> int:  # W_1, b_1, W_2, b_2
+        return 2 * d_model * width + width + d_model
+
+    layer_norm = 2 * d_model
+    encoder_layer = attention(config.encoder_attention_heads) + feed_forward(config.encoder_ffn_dim) + 2 * layer_norm
+    decoder_layer = (
+        2 * attention(config.decoder_attention_heads) + feed_forward(config.decoder_ffn_dim) + 3 * layer_norm
     )
-    held = stored_weight_count(weights_file)
-    if held is not None and needed > held:
-        raise ModelFolderError(
-            f"{config_file}: describes a model of at least {needed:,} weights, but {weights_file} holds {held:,}; "
-            "they do not belong together"
-        )
-    # the sinusoidal encoding is computed, not stored: only memory bounds it
-    needed_bytes = 4 * (needed + config.max_position_embeddings * config.d_model)
-    available = physical_memory()
-    if available is not None and needed_bytes > available:
-        raise ModelFolderError(
-            f"{config_file}: the model it describes (d_model={config.d_model}, "
-            f"max_position_embeddings={config.max_position_embeddings}, ...) needs at least "
-            f"{needed_bytes / 2**30:,.1f} GiB, more than this machine's {available / 2**30:,.1f} GiB"
-        )
+    embeddings = 1 if config.tie_word_embeddings else 3  # shared, or the encoder's, the decoder's and the output's
+    weights = (
+        embeddings * config.vocab_size * d_model
+        + config.encoder_layers * encoder_layer
+        + config.decoder_layers * decoder_layer
+    )
+    tensors = embeddings + 11 * config.encoder_layers + 16 * config.decoder_layers
+    if config.position_embedding_type == "learned":
+        weights += 2 * config.max_position_embeddings * d_model
+        tensors += 2
+    if config.layer_norm_position == "pre":  # a LayerNorm after each stack
+        weights += 2 * layer_norm
+        tensors += 4
+    return ModelSize(weights, tensors)
+
+
+# What loading takes beyond the model's tensors (docs/loading.md, "What the memory estimate counts"): transformers'
+# record of each weight tensor as it loads it, which makes a model of many tiny layers cost more than its weights
+# say; and, on the weights and tables and in all, what the allocator holds beyond what is asked of it.
+BYTES_PER_TENSOR = 16 * 2**10
+SLACK_FRACTION = 4  # a quarter more
+BASE_BYTES = 16 * 2**20
+
+
+def memory_to_load(config, dtype, stored: "StoredWeights | None") -> int:
+    """Bytes `load_model` takes at its peak to load our model of `config` in `dtype` (`from_pretrained`'s), from a
+    weights file `stored`: the weights; the two sinusoidal tables (encoder and decoder) and a third while one is
+    recomputed; the whole file mapped while its weights change dtype (in their own dtype the mapped file is the
+    weights' memory); transformers' record of each tensor. docs/loading.md says how it compares with what loading
+    takes."""
+    size = model_size(config)
+    built = loaded_dtype(dtype, config, stored)
+    tables = (
+        3 * config.max_position_embeddings * config.d_model if config.position_embedding_type == "sinusoidal" else 0
+    )
+    converted = stored is not None and stored.dtypes != {str(built).removeprefix("torch.")}
+    model = (size.weights + tables) * built.itemsize + (stored.bytes if converted else 0)
+    return model + model // SLACK_FRACTION + BYTES_PER_TENSOR * size.tensors + BASE_BYTES
+
+
+def loaded_dtype(dtype, config, stored: "StoredWeights | None"):
+    """The torch dtype `from_pretrained(dtype=dtype)` builds the model in: `dtype`, or for None and "auto" the
+    config's (save_pretrained records it), else the stored weights', else torch's default."""
+    import torch
+
+    for value in (dtype, config.dtype, *sorted(stored.dtypes if stored else ())):
+        if isinstance(value, str) and value != "auto":
+            value = getattr(torch, value, None)
+        if isinstance(value, torch.dtype):
+            return value
+    return torch.get_default_dtype()
+
+
+def available_memory() -> int | None:
+    """The bytes this machine can give a new allocation without swapping: Linux's MemAvailable, elsewhere its
+    physical memory (`physical_memory`)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return physical_memory()
 
 
 def physical_memory() -> int | None:
@@ -174,16 +302,31 @@ def device_memory(device) -> int | None:
     return physical_memory()
 
 
-def stored_weight_count(weights_file: str) -> int | None:
-    """The number of values in a safetensors file, from its header; None if there is no such file (then
-    transformers' error for the missing file applies). A header that cannot be read is an error naming the file."""
+# safetensors' names of the floating dtypes, as torch names them
+SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+class StoredWeights(NamedTuple):
+    count: int  # values
+    dtypes: set[str]  # torch's names (safetensors' for a dtype torch's models do not load as weights)
+    bytes: int  # the file's size
+
+
+def stored_weights(weights_file: str) -> StoredWeights | None:
+    """What a safetensors file holds, from its header; None if there is no such file (then transformers' error for
+    the missing file applies). A header that cannot be read is an error naming the file."""
     if not os.path.isfile(weights_file):
         return None
     from safetensors import safe_open
 
     try:
         with safe_open(weights_file, framework="pt") as weights:
-            return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118 (safe_open is no dict)
+            tensors = [weights.get_slice(name) for name in weights.keys()]  # noqa: SIM118 (safe_open is no dict)
+            return StoredWeights(
+                count=sum(math.prod(tensor.get_shape()) for tensor in tensors),
+                dtypes={SAFETENSORS_DTYPES.get(tensor.get_dtype(), tensor.get_dtype()) for tensor in tensors},
+                bytes=os.path.getsize(weights_file),
+            )
     except Exception as error:  # SafetensorError derives from Exception alone
         raise ModelFolderError(f"{weights_file}: not a readable safetensors file ({first_line(error)})") from None
 

@@ -2,6 +2,7 @@
 file, before memory is spent on it and without running the folder's code."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -17,10 +18,21 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from hf_vanilla_transformer.loading import ModelFolderError, load_model, load_model_and_tokenizer, load_tokenizer
+from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, loading
+from hf_vanilla_transformer.loading import (
+    ModelFolderError,
+    load_model,
+    load_model_and_tokenizer,
+    load_ours,
+    load_tokenizer,
+    memory_to_load,
+    model_size,
+    stored_weights,
+)
 from support.hostile import FUZZ_SETTINGS, JSON_VALUES, assert_one_line_error
 from support.hub_server import COMMIT, served_hub
-from support.models import letter_tokenizer, tiny_model
+from support.models import letter_tokenizer, tiny_config, tiny_model
+from support.processes import peak_growth
 
 FOLDER_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"]
 
@@ -31,6 +43,15 @@ def model_folder(tmp_path_factory) -> Path:
     tiny_model().save_pretrained(folder)
     letter_tokenizer().save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def transformers_log(caplog):
+    """What transformers logs: its loggers pass nothing on to the root logger, where caplog listens."""
+    logger = logging.getLogger("transformers")
+    logger.addHandler(caplog.handler)
+    yield caplog
+    logger.removeHandler(caplog.handler)
 
 
 def broken_copy(model_folder: Path, destination: Path) -> Path:
@@ -68,7 +89,20 @@ def drop_bias(weights):
     del weights["model.encoder.layers.1.feed_forward.fc2.bias"]
 
 
+def rename_bias(weights):
+    weights["model.encoder.layers.1.feed_forward.fc2.b"] = weights.pop("model.encoder.layers.1.feed_forward.fc2.bias")
+
+
+def rename_all(weights):
+    for name in list(weights):
+        weights[name.replace("model.", "transformer.")] = weights.pop(name)
+
+
 def reshape_fc1(weights):
+    weights["model.decoder.layers.0.feed_forward.fc1.weight"] = torch.zeros(41, 32)
+
+
+def shrink_fc1(weights):
     weights["model.decoder.layers.0.feed_forward.fc1.weight"] = torch.zeros(3, 3)
 
 
@@ -87,11 +121,25 @@ def drop_config_keys(folder: Path, *names: str, **values) -> None:
         (
             lambda f: edit_config(f, d_model=10**12),
             "config.json",
-            "describes a model of at least 531,000,000,000,000 "
+            "describes a model of 32,000,000,000,562,000,000,000,216 "
             "weights, but {folder}/model.safetensors holds 50,968; they do not belong together",
         ),
-        (lambda f: edit_config(f, encoder_layers=10**9), "config.json", "describes a model of at least"),
-        (lambda f: edit_config(f, max_position_embeddings=2**60), "config.json", "needs at least"),
+        (lambda f: edit_config(f, encoder_layers=10**9), "config.json", "describes a model of 7,376,000,036,216"),
+        # hundreds of layers of feed-forward width 1: fewer weights in the layers the file holds, many more in the
+        # attention sub-layers it lacks
+        (
+            lambda f: edit_config(f, encoder_layers=300, decoder_layers=300, encoder_ffn_dim=1, decoder_ffn_dim=1),
+            "config.json",
+            "describes a model of 3,843,768 weights, but {folder}/model.safetensors holds 50,968",
+        ),
+        # sizes beyond any float: the error says them in full
+        (lambda f: edit_config(f, max_position_embeddings=10**400), "config.json", "00000) needs about "),
+        (lambda f: edit_config(f, d_model=10**400), "config.json", "integer division result too large for a float"),
+        (
+            lambda f: edit_config(f, max_position_embeddings=2**60),
+            "config.json",
+            "(50,968 weights in 71 tensors, d_model=32, max_position_embeddings=1152921504606846976) needs about ",
+        ),
         (
             lambda f: edit_config(f, layer_norm_eps=float("inf")),
             "config.json",
@@ -144,15 +192,32 @@ def drop_config_keys(folder: Path, *names: str, **values) -> None:
         ),
         (
             lambda f: edit_weights(f, drop_bias),
+            "config.json",
+            "describes a model of 50,968 weights, but {folder}/model.safetensors holds 50,936",
+        ),
+        (
+            lambda f: edit_weights(f, rename_bias),
             "model.safetensors",
-            "1 weights missing, the first model.encoder.layers.1.feed_forward.fc2.bias",
+            "1 weights missing: model.encoder.layers.1.feed_forward.fc2.bias",
+        ),
+        (
+            lambda f: edit_weights(f, rename_all),
+            "model.safetensors",
+            "74 weights missing: lm_head.weight, model.decoder.embeddings.embed_tokens.weight, "
+            "model.decoder.layers.0.encoder_attn.kv_proj.weight and 71 more",
         ),
         (
             lambda f: edit_weights(f, add_tensor),
             "model.safetensors",
-            "1 weights unexpected, the first model.encoder.layers.1.feed_forward.fc3.weight",
+            "1 weights unexpected: model.encoder.layers.1.feed_forward.fc3.weight",
         ),
-        (lambda f: edit_weights(f, reshape_fc1), "", "You set `ignore_mismatched_sizes` to `False`"),
+        (
+            lambda f: edit_weights(f, reshape_fc1),
+            "model.safetensors",
+            "1 weights of another shape than the config gives: model.decoder.layers.0.feed_forward.fc1.weight "
+            "(41, 32), not (40, 32)",
+        ),
+        (lambda f: edit_weights(f, shrink_fc1), "config.json", "describes a model of 50,968 weights, but"),
         (
             lambda f: (f / "model.safetensors").write_bytes(b"\x10"),
             "model.safetensors",
@@ -167,12 +232,15 @@ def drop_config_keys(folder: Path, *names: str, **values) -> None:
         ),
     ],
 )
-def test_each_broken_folder_is_one_line_naming_the_file(model_folder, tmp_path, break_folder, file, message):
+def test_each_broken_folder_is_one_line_naming_the_file(
+    model_folder, tmp_path, transformers_log, break_folder, file, message
+):
     folder = broken_copy(model_folder, tmp_path / "broken")
     break_folder(folder)
     with pytest.raises(ModelFolderError) as error:
         load_model_and_tokenizer(str(folder), "cpu")
     assert_one_line_error(error.value, str(folder))
+    assert "LOAD REPORT" not in transformers_log.text  # the error says it in one line, not a table a weight a line
     if file is not None:  # "": the folder itself
         assert str(error.value).startswith(f"{folder}/{file}: " if file else f"{folder}: ")
     assert message.format(folder=folder) in str(error.value)
@@ -292,3 +360,80 @@ def test_any_damaged_file_loads_or_is_one_line_naming_the_folder(model_folder, f
     event("loaded")
     assert all(torch.isfinite(tensor).all() for tensor in model.state_dict().values() if tensor.is_floating_point())
     assert tokenizer.decode(tokenizer("a b")["input_ids"], skip_special_tokens=True).replace(" ", "") in ("ab", "")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"tie_word_embeddings": False},
+        {"position_embedding_type": "learned"},
+        {"layer_norm_position": "pre"},
+        {"head_dim": 5, "v_head_dim": 3, "encoder_layers": 1, "decoder_layers": 4},
+        {"d_model": 30, "encoder_attention_heads": 3, "decoder_attention_heads": 5, "encoder_ffn_dim": 1},
+    ],
+)
+def test_the_model_size_a_config_gives_is_the_built_models(overrides):
+    config = tiny_config(**overrides)
+    built = VanillaTransformerForConditionalGeneration(config)
+    assert model_size(config) == (built.num_parameters(), len(list(built.parameters())))
+
+
+def saved_model(folder: Path, dtype=torch.float32, **overrides) -> Path:
+    torch.manual_seed(0)
+    VanillaTransformerForConditionalGeneration(tiny_config(**overrides)).to(dtype).save_pretrained(folder)
+    return folder
+
+
+# what loading a folder of each kind takes: the weights of a small model; the positional tables of a long one; the
+# records transformers keeps of each tensor of many tiny layers; one wide feed-forward network; a model saved in one
+# dtype and loaded in another, the file and the model in memory at once
+LOADS = {
+    "small": ({"vocab_size": 8000, "d_model": 256, "encoder_attention_heads": 4, "decoder_attention_heads": 4}, None),
+    "many positions": ({"max_position_embeddings": 1_000_000}, None),
+    "many tiny layers": (
+        {
+            "d_model": 8,
+            "encoder_attention_heads": 1,
+            "decoder_attention_heads": 1,
+            "encoder_layers": 300,
+            "decoder_layers": 300,
+            "encoder_ffn_dim": 1,
+            "decoder_ffn_dim": 1,
+        },
+        None,
+    ),
+    "wide feed-forward": ({"encoder_ffn_dim": 100_000, "decoder_ffn_dim": 100_000}, None),
+    "bfloat16 as float32": ({"vocab_size": 8000, "d_model": 256, "encoder_ffn_dim": 4096}, "float32"),
+}
+
+
+@pytest.mark.slow  # a process of its own for each load, and models of up to 130 MB
+@pytest.mark.parametrize("kind", LOADS)
+def test_the_memory_a_load_is_said_to_need_covers_what_it_takes(model_folder, tmp_path, kind):
+    overrides, dtype = LOADS[kind]
+    saved_dtype = torch.bfloat16 if dtype == "float32" else torch.float32
+    folder = saved_model(tmp_path / "model", saved_dtype, **overrides)
+    config = VanillaTransformerConfig.from_pretrained(folder)
+    estimate = memory_to_load(config, dtype, stored_weights(str(folder / "model.safetensors")))
+    taken = peak_growth(
+        f"from hf_vanilla_transformer.loading import load_model\nload_model({str(model_folder)!r}, 'cpu')",
+        f"load_model({str(folder)!r}, 'cpu', dtype={dtype!r})",
+    )
+    assert taken <= estimate <= 3 * taken, (taken / 2**20, estimate / 2**20)
+
+
+def test_a_model_that_does_not_fit_in_the_memory_left_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    """Four million positions of width 32: two positional tables of half a GiB, and a third while one is
+    recomputed (the test above measures what such tables take), where 1 GiB is free."""
+    folder = saved_model(tmp_path / "model")
+    edit_config(folder, max_position_embeddings=4_000_000)
+    monkeypatch.setattr(loading, "available_memory", lambda: 2**30)
+    with pytest.raises(ModelFolderError, match=r"needs about 1\.\d GiB to load, more than the 1\.0 GiB free"):
+        load_model(str(folder), "cpu")
+
+
+def test_another_model_type_is_refused_for_an_export_before_it_is_loaded(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "marian"}))  # no weights, no tokenizer
+    with pytest.raises(ModelFolderError, match=r"/config.json: model_type 'marian' is not ours \(vanilla_"):
+        load_ours(str(tmp_path))

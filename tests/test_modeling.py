@@ -28,6 +28,7 @@ from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     shift_tokens_right,
 )
 from support.models import BOS, EOS, PAD, cache_of, enable_checkpointing, tiny_config, tiny_model
+from support.processes import peak_growth
 
 
 def paper_positional_encoding(num_positions: int, d_model: int) -> torch.Tensor:
@@ -46,6 +47,47 @@ def test_sinusoidal_encoding_is_the_papers_interleaved_formula(d_model):
     encoding = VanillaTransformerSinusoidalPositionalEncoding(64, d_model).encoding
     torch.testing.assert_close(encoding, paper_positional_encoding(64, d_model), atol=1e-6, rtol=0)
     assert encoding[0, 0::2].abs().max() == 0 and torch.all(encoding[0, 1::2] == 1)
+
+
+def float64_positional_encoding(num_positions: int, d_model: int) -> torch.Tensor:
+    """Section 3.5 computed whole in float64."""
+    angles = torch.arange(num_positions, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model
+    )
+    table = torch.empty(num_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_sinusoidal_table_is_the_float64_one_rounded_to_the_models_dtype(dtype):
+    """Over several of the blocks it is computed in, and at far positions, where the angles need float64."""
+    encoding = VanillaTransformerSinusoidalPositionalEncoding.compute_encoding(5000, 512, dtype)
+    assert encoding.dtype == dtype and torch.equal(encoding, float64_positional_encoding(5000, 512).to(dtype))
+    far = VanillaTransformerSinusoidalPositionalEncoding.compute_encoding(1_000_001, 4, dtype)[1_000_000]
+    expected = torch.tensor([math.sin(1e6), math.cos(1e6), math.sin(1e4), math.cos(1e4)], dtype=torch.float64)
+    torch.testing.assert_close(far.double(), expected, atol=torch.finfo(dtype).eps, rtol=0)  # within one rounding
+
+
+def test_a_model_loaded_in_bfloat16_has_the_float64_table_rounded_to_bfloat16(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    expected = float64_positional_encoding(128, 32).to(torch.bfloat16)
+    for stack in (model.model.encoder, model.model.decoder):
+        assert torch.equal(stack.embeddings.embed_positions.encoding, expected)
+
+
+def test_building_the_sinusoidal_table_takes_little_memory_beyond_the_table():
+    table = 250_000 * 128 * 4  # bytes, float32
+    taken = peak_growth(
+        "from hf_vanilla_transformer.model.modeling_vanilla_transformer import "
+        "VanillaTransformerSinusoidalPositionalEncoding as Encoding\n"
+        "Encoding.compute_encoding(1000, 128)",
+        "Encoding.compute_encoding(250_000, 128)",
+    )
+    # a whole float64 table and its angles took 4 times the table; blocks, the allocator and torch's threads a little
+    assert table <= taken < 1.5 * table, taken / 2**20
 
 
 def test_embeddings_scale_by_sqrt_d_model_then_add_positions():

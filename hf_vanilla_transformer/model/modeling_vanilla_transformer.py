@@ -80,8 +80,9 @@ class VanillaTransformerSinusoidalPositionalEncoding(nn.Module):
 
     Sines on the even features and cosines on the odd ones, interleaved as in the paper (Marian, BART and FSMT put
     all sines first). A fixed function of the position, so it is kept as a non-persistent buffer: never saved, and
-    recomputed by `_init_weights` when a model is loaded. It is built in the default dtype, as the weights are, so
-    that `from_pretrained(..., dtype=torch.bfloat16)` gives a model whose activations stay in that dtype.
+    recomputed by `_init_weights` when a model is loaded. It is built in the model's dtype (the default dtype while
+    the model is built, as the weights are), so that `from_pretrained(..., dtype=torch.bfloat16)` gives a model whose
+    activations stay in that dtype.
     """
 
     def __init__(self, num_positions: int, d_model: int):
@@ -89,14 +90,23 @@ class VanillaTransformerSinusoidalPositionalEncoding(nn.Module):
         self.register_buffer("encoding", self.compute_encoding(num_positions, d_model), persistent=False)
 
     @staticmethod
-    def compute_encoding(num_positions: int, d_model: int) -> torch.Tensor:
-        position = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)
+    def compute_encoding(num_positions: int, d_model: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The table in `dtype` (default: the default dtype), each value the float64 one rounded to it.
+
+        The angles need float64: in float32, pos x 10000^(-2i/d_model) is off by up to pos x 2^-24 radians, a
+        visible error in the sines of far positions. They are computed a block of positions at a time, so that
+        building the table takes little memory beyond the table itself (a whole float64 table and its angles
+        would take several times as much).
+        """
+        encoding = torch.empty(num_positions, d_model, dtype=dtype or torch.get_default_dtype())
         inverse_wavelength = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-        angles = position * inverse_wavelength
-        encoding = torch.empty(num_positions, d_model, dtype=torch.float64)
-        encoding[:, 0::2] = torch.sin(angles)
-        encoding[:, 1::2] = torch.cos(angles[:, : d_model // 2])
-        return encoding.to(torch.get_default_dtype())
+        block = max(1, 2**20 // d_model)  # positions at a time: a few MiB of float64
+        for start in range(0, num_positions, block):
+            position = torch.arange(start, min(start + block, num_positions), dtype=torch.float64).unsqueeze(1)
+            angles = position * inverse_wavelength
+            encoding[start : start + block, 0::2] = torch.sin(angles)
+            encoding[start : start + block, 1::2] = torch.cos(angles[:, : d_model // 2])
+        return encoding
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.encoding[position_ids]
@@ -419,7 +429,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
         elif isinstance(module, VanillaTransformerSinusoidalPositionalEncoding):
-            init.copy_(module.encoding, module.compute_encoding(*module.encoding.shape))
+            init.copy_(module.encoding, module.compute_encoding(*module.encoding.shape, module.encoding.dtype))
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True) -> nn.Embedding:
         """transformers resizes the input embeddings (the encoder's table) and an untied output projection. Our one

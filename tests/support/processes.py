@@ -23,6 +23,36 @@ def run_with_peak_rss(command: list[str]) -> tuple[int, str, int]:
         return process.returncode, stderr.read().decode(errors="replace"), usage.ru_maxrss * 1024
 
 
+PEAK_GROWTH_CODE = """
+import re
+
+def resident(field):
+    with open("/proc/self/status") as status:
+        return int(re.search(field + r":\\s+(\\d+) kB", status.read()).group(1)) * 1024
+
+{setup}
+with open("/proc/self/clear_refs", "w") as clear_refs:
+    clear_refs.write("5")  # the peak (VmHWM) starts again from here
+before = resident("VmRSS")
+{measured}
+print(resident("VmHWM") - before)
+"""
+
+
+def peak_growth(setup: str, measured: str) -> int:
+    """How far, in bytes, running the code `measured` raises the resident memory of a fresh Python, at its peak,
+    above where `setup` (run first: imports, a first call that leaves lazy imports done) left it. Linux only
+    (/proc/self/clear_refs resets the peak); elsewhere the test is skipped."""
+    import pytest
+
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("needs Linux's /proc/self/clear_refs to measure a peak")
+    code = PEAK_GROWTH_CODE.format(setup=textwrap.dedent(setup), measured=textwrap.dedent(measured))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return int(result.stdout.splitlines()[-1])
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
