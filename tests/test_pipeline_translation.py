@@ -2,12 +2,14 @@
 
 import json
 
+import torch
 from transformers import pipeline
 
 from hf_vanilla_transformer import TranslationPipeline
 from support.hub import hub_snapshot
-from support.models import SENTENCES, generate_text
+from support.models import SENTENCES, generate_text, german_tokenizer, tiny_model
 from support.processes import run_python
+from support.tokenizing import LongestText
 
 
 def test_pipeline_with_the_package_gives_the_old_output_format(trained_run, model_and_tokenizer):
@@ -66,3 +68,26 @@ def test_pipeline_with_remote_code_from_a_folder_and_from_a_hub_snapshot(trained
     results = json.loads(output.strip().splitlines()[-1])
     assert results.pop("class").startswith("transformers_modules.")
     assert len(results) == 4 and all(value == expected for value in results.values()), results
+
+
+def test_a_10_mb_line_is_cut_before_it_is_tokenized_and_translated_from_its_start(tmp_path):
+    """Only a sentence's first 128 tokens (the positions) are translated: a much longer one is cut to a start that
+    holds them before the tokenizer sees it, at a space, or inside a word too long to wait for one, so that the
+    tokenizer (a byte-level BPE, which spells every character) never sees more than twice the positions times the
+    longest token. Each translates as its start truncated does, as every sentence did before."""
+    tokenizer, _ = german_tokenizer()
+    model = tiny_model(vocab_size=len(tokenizer))  # 128 positions
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    recording = LongestText(tokenizer)
+    translator = pipeline("translation", model=str(tmp_path), tokenizer=recording, pipeline_class=TranslationPipeline)
+    word, words = "b" * 10_000_000, "Ein Hund " * 1_000_000
+    starts = ["Ein Hund", words[:2000].strip(), word[:2000], "A " + word[:2000]]  # the last three: over 128 tokens
+    truncated = []
+    for start in starts:
+        batch = tokenizer(start, truncation=True, max_length=128, return_tensors="pt")
+        with torch.no_grad():
+            truncated.append(tokenizer.decode(model.generate(**batch, num_beams=1)[0], skip_special_tokens=True))
+    found = translator(["Ein Hund", words, word, "A " + word], num_beams=1)
+    assert [item["translation_text"] for item in found] == truncated and len(set(truncated)) == 4
+    assert recording.longest <= 2 * 128 * max(map(len, tokenizer.get_vocab()))

@@ -14,7 +14,8 @@ from hf_vanilla_transformer.tools.export_ctranslate2 import export
 from hf_vanilla_transformer.tools.scoring import score_lines, score_translations
 from hf_vanilla_transformer.tools.translate import load_translator
 from support.files import write_lines
-from support.models import EOS, beam_search_example, letter_tokenizer, tiny_model
+from support.models import EOS, beam_search_example, german_tokenizer, letter_tokenizer, tiny_model
+from support.tokenizing import LongestText
 
 SOURCES = ["a b c d e", "j", "c a f f e b d"]  # of different lengths: a padded batch
 # Decoding that ends every hypothesis with `</s>` and writes only letters, so that each decodes to a text that
@@ -125,6 +126,28 @@ def test_pairs_that_cannot_be_scored_are_a_value_error_naming_the_line():
     model.train()
     with pytest.raises(ValueError, match="training mode"):
         score_translations(model, tokenizer, ["a"], ["b"])
+
+
+def test_a_10_mb_side_is_refused_from_its_start_without_being_tokenized_whole():
+    """A line whose start already holds more tokens than the model's positions is refused from that start, naming
+    its file and line: a byte-level BPE (the tokenizer this project trains) takes seconds and gigabytes to tokenize
+    all of a 10 MB line, one word or a word after a short one, source or target. Many characters alone refuse
+    nothing: a word-level tokenizer makes no token of spaces."""
+    tokenizer, _ = german_tokenizer()
+    model = tiny_model(vocab_size=len(tokenizer))  # 128 positions
+    word = "b" * 10_000_000
+    refused = r"\d+ tokens in its first [\d,]+ characters, more than the model's 128 positions$"
+    for line in (word, "A " + word):
+        recording = LongestText(tokenizer)
+        with pytest.raises(ValueError, match=rf"^sources:2: {refused}"):
+            score_translations(model, recording, ["Ein Hund", line], ["Ein Hund", "Ein Hund"])
+        with pytest.raises(ValueError, match=rf"^targets:1: {refused}"):
+            score_translations(model, recording, ["Ein Hund"], [line])
+        assert recording.longest <= 2 * 128 * max(map(len, tokenizer.get_vocab()))
+    letters = tiny_model(vocab_size=14, max_position_embeddings=8)
+    spaced = "a" + " " * 100 + "b"  # more characters than 8 positions of "<unk>", and 3 tokens
+    (score,) = score_translations(letters, letter_tokenizer(), [spaced], [spaced])
+    assert len(score.token_ids) == 3
 
 
 def test_the_pipeline_adds_scores_to_each_translation_only_when_asked():

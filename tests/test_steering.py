@@ -26,7 +26,8 @@ from hf_vanilla_transformer.tools.translate import (
     translate_lines_in_full,
     translator_kind,
 )
-from support.models import letter_tokenizer, tiny_model
+from support.models import german_tokenizer, letter_tokenizer, tiny_model
+from support.tokenizing import LongestText
 
 SOURCES = ["a b c d e f", "j i h", "", "b", "c c c c c c c"]
 
@@ -305,20 +306,6 @@ def test_vanilla_score_refuses_alignments_on_a_ctranslate2_folder(folders, tmp_p
     assert not output.exists()
 
 
-class LongestText:
-    """A tokenizer that notes the longest text it was given (in characters)."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.longest = tokenizer, 0
-
-    def __call__(self, texts, **kwargs):
-        self.longest = max(self.longest, *map(len, [texts] if isinstance(texts, str) else texts))
-        return self.tokenizer(texts, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.tokenizer, name)
-
-
 def test_a_10_mb_line_is_cut_before_it_is_tokenized_and_translated_from_its_start(folders, caplog):
     """Only its first max_positions tokens are translated: the line is cut to a start that holds them before the
     tokenizer sees it, and translates as that start does."""
@@ -330,6 +317,24 @@ def test_a_10_mb_line_is_cut_before_it_is_tokenized_and_translated_from_its_star
     assert found[1][0].text == found[2][0].text and found[0][0].text != found[1][0].text
     assert translator.tokenizer.longest <= 2 * 128 * len("<unk>")  # the positions times the longest token, doubled
     assert "2 line(s) have more tokens than the model's 128 positions" in caplog.text
+
+
+def test_a_10_mb_word_is_cut_inside_before_it_is_tokenized_and_translated_from_its_start(tmp_path, caplog):
+    """A word with no space near enough to cut at is cut inside: a byte-level BPE (the tokenizer this project
+    trains) spells every character, so the cut holds the positions' tokens and the tokenizer never sees more than
+    twice the positions times the longest token, whether the line is one word or a word after a short one."""
+    tokenizer, _ = german_tokenizer()
+    tiny_model(vocab_size=len(tokenizer)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    translator = load_translator(str(tmp_path), "cpu")
+    translator.tokenizer = LongestText(translator.tokenizer)
+    word = "b" * 10_000_000
+    starts = [word[:2000], "A " + word[:2000]]  # more than the 128 positions' tokens
+    found = translate_lines_in_full(translator, [word, "A " + word, *starts, "Ein Hund"], 4, {"num_beams": 1}, False)
+    texts = [hypotheses[0].text for hypotheses in found]
+    assert texts[:2] == texts[2:4] and texts[0] != texts[1] != texts[4]
+    assert translator.tokenizer.longest <= 2 * 128 * max(map(len, tokenizer.get_vocab()))
+    assert "4 line(s) have more tokens than the model's 128 positions" in caplog.text
 
 
 def read_line_within(stream, seconds: float) -> str:

@@ -1,5 +1,6 @@
-"""`pipeline("translation")` for our models, as a custom transformers pipeline, and the model's scores of what
-`generate()` returned (`sequence_scores`).
+"""`pipeline("translation")` for our models, as a custom transformers pipeline, the model's scores of what
+`generate()` returned (`sequence_scores`), and the cut of a very long line before it is tokenized
+(`cut_long_lines`), which vanilla-translate and vanilla-score make too.
 
 transformers 5 removed its built-in `translation` and `text2text-generation` pipelines. This class gives them back
 for seq2seq models the way transformers supports custom pipelines: every saved model folder carries this file and
@@ -17,6 +18,7 @@ nothing of ours: it is run as remote code.
 """
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +101,42 @@ def generated_length(tokens: torch.Tensor, ends: torch.Tensor) -> int:
     return int(ended[0, 0]) + 1 if len(ended) else len(tokens)
 
 
+def longest_token(tokenizer) -> int:
+    """The most characters a token of the tokenizer's vocabulary is spelled with: the most characters of text one
+    token stands for where the tokenizer spells every character (a byte-level BPE spells each byte as one character,
+    and a character is one byte or more)."""
+    return max(map(len, tokenizer.get_vocab()))
+
+
+def cut_long_lines(tokenizer, lines: list[str], positions: int, target: bool = False) -> list[str]:
+    """`lines`, each cut to a start that holds more than `positions` tokens where it is much longer (`target`: as
+    the tokenizer tokenizes targets): only a line's first `positions` tokens can be used, and tokenizing all of a
+    10 MB line to find them takes seconds and gigabytes. A line is cut only when it has more characters than
+    `positions` times the vocabulary's longest token (`longest_token`: a token takes at most that many, so a shorter
+    line cannot hold more than `positions` tokens), and at a space, so that the words before the cut are tokenized
+    as in the whole line; a word longer than half the cut is cut inside (its last tokens may then differ from the
+    whole word's), or a line of one long word would be tokenized whole. Where spaces or characters that make no
+    token leave the cut short of `positions` tokens, it doubles until it is not: a tokenizer that spells every
+    character (byte-level BPE) never sees more than twice `positions` times the longest token, but a word-level
+    vocabulary's unknown word is one token however long."""
+    if all(len(line) <= positions for line in lines):  # within any cut (a token spells a character at least)
+        return list(lines)
+    characters = positions * longest_token(tokenizer)
+    return [cut_long_line(tokenizer, line, positions, characters, target) for line in lines]
+
+
+def cut_long_line(tokenizer, line: str, positions: int, characters: int, target: bool = False) -> str:
+    while characters < len(line):
+        cut = line[:characters]
+        last_word = None if line[characters].isspace() else re.search(r"\s\S*\Z", cut)
+        if last_word is not None and last_word.start() >= characters // 2:  # it splits a short word: that goes, whole
+            cut = cut[: last_word.start()]
+        if len((tokenizer(text_target=cut) if target else tokenizer(cut))["input_ids"]) > positions:
+            return cut
+        characters *= 2
+    return line
+
+
 class TranslationPipeline(Pipeline):
     """Translate text with a sequence-to-sequence model: one `{"translation_text": ...}` per returned sequence, with
     the model's scores of it when `return_scores=True`."""
@@ -161,6 +199,8 @@ class TranslationPipeline(Pipeline):
         # the model's positions bound the source too, where the tokenizer's model_max_length is unset or larger
         positions = getattr(self.model.config, "max_position_embeddings", None)
         max_length = min(filter(None, (self.tokenizer.model_max_length, positions)), default=None)
+        if max_length is not None and truncation not in (False, "do_not_truncate"):
+            (text,) = cut_long_lines(self.tokenizer, [text], max_length)  # only its first max_length tokens are kept
         return self.tokenizer(text, return_tensors="pt", truncation=truncation, max_length=max_length)
 
     def _forward(self, model_inputs, return_scores: bool = False, **generate_kwargs):

@@ -24,9 +24,10 @@ COMPUTE_TYPES = ("default", "auto", *QUANTIZATIONS)
 
 class CTranslate2Translator(Translator):
     """Translation with `ctranslate2.Translator`, decoding as the model's generation config says (for ours the
-    paper's: beam 4, length penalty 0.6, at most the source length + 50 tokens). CTranslate2 takes one length
-    limit per call, so a batch decodes up to its longest source + 50 and each translation is then cut to its own
-    source's limit: exactly what generate() gives for greedy decoding; a beam that reaches the limit may differ.
+    paper's: beam 4, length penalty 0.6, at most the source length + 50 tokens, which `max_new_tokens` caps).
+    CTranslate2 takes one length limit per call, so a batch decodes up to its longest sentence's limit and each
+    translation is then cut to its own: exactly what generate() gives for greedy decoding; a beam that reaches the
+    limit may differ.
     n-best lists, prefixes, sampling, phrases to avoid (`suppress_sequences`) and the attention for alignments are
     CTranslate2's own `translate_batch` options; the tokens' log-probabilities come from its `score_batch`, and the
     score is made from them as on every route (a prefix's tokens count), the list re-ranked by it. Constraints and
@@ -53,7 +54,8 @@ class CTranslate2Translator(Translator):
         generation = GenerationConfig.from_pretrained(model_path)
         self.max_positions = generation.max_length
         self.num_beams = generation.num_beams or 1
-        self.length_penalty = generation.length_penalty
+        # generate()'s default where the generation config sets none (a new model's does not)
+        self.length_penalty = 1.0 if generation.length_penalty is None else generation.length_penalty
         self.max_new_tokens_over_source = max_new_tokens_over_source_of(generation)
         # tokens the generation config never lets generate() write (`suppress_tokens`), as CTranslate2 names them
         suppressed = self.tokenizer.convert_ids_to_tokens(generation.suppress_tokens or [])
@@ -95,13 +97,12 @@ class CTranslate2Translator(Translator):
         temperature: float | None = None,
     ):
         ids = self.tokenizer(sentences, truncation=True, max_length=self.max_positions)["input_ids"]
-        if max_new_tokens is not None:
-            limits = [max_new_tokens] * len(ids)
-        elif self.max_new_tokens_over_source is not None:
-            limits = [len(source) + self.max_new_tokens_over_source for source in ids]
-        else:
-            limits = [self.max_positions] * len(ids)
-        limits = [min(limit, self.max_positions) for limit in limits]
+        # the most tokens of each translation, `</s>` not counted (CTranslate2 returns none): where Section 6.1's
+        # limit ends a translation, its last token is the `</s>` generate() forces there; `max_new_tokens` cuts
+        # where it comes first, `</s>` or not, as generate() does
+        forced_end = 1 if self.max_new_tokens_over_source is not None else 0
+        limits = [self.length_limit(len(source)) - forced_end for source in ids]
+        limits = [min(limit, max_new_tokens or limit) for limit in limits]
         source_tokens = [self.tokenizer.convert_ids_to_tokens(source) for source in ids]
         # sampling draws from the whole distribution unless top_k narrows it (CTranslate2's default, 1, is greedy)
         sampling = (

@@ -57,11 +57,11 @@ class OnnxTranslator(Translator):
         Each sentence ends by its own limit, `</s>` forced as its last allowed token; `max_new_tokens` cuts every
         sentence there as well, whichever comes first, as in `generate()`."""
         config = self.config
-        longest = self.max_positions - 1  # the positions, the decoder's start token taken
-        limits = np.full(len(input_ids), longest + 1)  # no sentence's own limit: never forced
+        sources = attention_mask.sum(-1).tolist()
+        limits = np.full(len(input_ids), self.max_positions)  # no sentence's own limit: never forced
         if self.max_new_tokens_over_source is not None:
-            limits = np.minimum(attention_mask.sum(-1) + self.max_new_tokens_over_source, longest)
-        longest = min(longest, int(limits.max()), max_new_tokens or longest)
+            limits = np.array([self.length_limit(source) for source in sources])
+        longest = max(self.length_limit(source, max_new_tokens) for source in sources)
         (hidden,) = self.encoder.run(None, {"input_ids": input_ids, "attention_mask": attention_mask})
         heads, head_dim = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
         past = {name: np.zeros((len(input_ids), heads, 0, head_dim), np.float32) for name in self.past_names}

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 
 from hf_vanilla_transformer.files import InputError, json_value
-from hf_vanilla_transformer.model.pipeline_translation import SequenceScore, scored
+from hf_vanilla_transformer.model.pipeline_translation import SequenceScore, cut_long_lines, scored
 from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
 from hf_vanilla_transformer.tools.steering_files import read_lines
 from hf_vanilla_transformer.tools.translator import Hypothesis, Steering
@@ -125,22 +125,36 @@ def scored_pairs(
     vocab_size: int = 0,
     same_shapes: bool = False,
 ) -> list[SequenceScore]:
-    """Each pair tokenized (without the whitespace around a sentence, as the pipeline translates it; targets
-    given as token ids are taken as they are), checked, scored by `score_chunk` a chunk at a time, longest pairs
+    """Each pair tokenized (`checked_ids`), checked, scored by `score_chunk` a chunk at a time, longest pairs
     first so that a chunk holds little padding, and returned in input order."""
     check_pairs(sources, targets, *names)
-    source_ids = tokenizer([line.strip() for line in sources])["input_ids"]
-    if targets and isinstance(targets[0], str):
-        target_ids = tokenizer(text_target=[line.strip() for line in targets])["input_ids"]
-    else:
-        target_ids = targets
-    for name, ids in zip(names, (source_ids, target_ids), strict=True):
-        too_long = next(((number, len(row)) for number, row in enumerate(ids, 1) if len(row) > max_positions), None)
-        if too_long is not None:
-            number, length = too_long
-            raise ValueError(f"{name}:{number}: {length} tokens, more than the model's {max_positions} positions")
+    source_ids = checked_ids(tokenizer, sources, max_positions, names[0])
+    target_ids = checked_ids(tokenizer, targets, max_positions, names[1], target=True)
     pairs = list(zip(source_ids, target_ids, strict=True))
     return scored_ids(pairs, chunk_size, score_chunk, length_penalty, vocab_size, same_shapes)
+
+
+def checked_ids(
+    tokenizer, lines: list[str] | list[list[int]], max_positions: int, name: str, target: bool = False
+) -> list[list[int]]:
+    """Each line's token ids: a sentence tokenized without the whitespace around it, as the pipeline translates it
+    (`target`: as training tokenizes labels), ids given taken as they are. A line of more tokens than
+    `max_positions` is a ValueError naming it as `name` says; one much longer is tokenized only from a start that
+    already holds more (`cut_long_lines`), since all of a 10 MB line takes seconds and gigabytes to tokenize."""
+    if lines and not isinstance(lines[0], str):
+        texts = cut = ids = lines
+    else:
+        texts = [line.strip() for line in lines]
+        cut = cut_long_lines(tokenizer, texts, max_positions, target)
+        ids = (tokenizer(text_target=cut) if target else tokenizer(cut))["input_ids"]
+    for number, row in enumerate(ids, 1):
+        if len(row) > max_positions:
+            start = cut[number - 1]
+            within = "" if len(start) == len(texts[number - 1]) else f" in its first {len(start):,} characters"
+            raise ValueError(
+                f"{name}:{number}: {len(row)} tokens{within}, more than the model's {max_positions} positions"
+            )
+    return ids
 
 
 # the most logits a chunk of forced decoding computes at once (pairs x target tokens x vocabulary), so that an n-best

@@ -14,7 +14,6 @@ import copy
 import functools
 import json
 import logging
-import re
 import sys
 from collections.abc import Callable
 
@@ -27,7 +26,7 @@ from hf_vanilla_transformer.files import write_text_atomically
 from hf_vanilla_transformer.hardware import check_device, check_torch_device, cpu_has_bf16_units, default_device
 from hf_vanilla_transformer.loading import device_memory, load_model_and_tokenizer, load_tokenizer, model_folder
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of, source_length_limit
-from hf_vanilla_transformer.model.pipeline_translation import generated_length
+from hf_vanilla_transformer.model.pipeline_translation import cut_long_lines, generated_length
 from hf_vanilla_transformer.tools.alignment import format_alignment
 from hf_vanilla_transformer.tools.avoid import AvoidLogitsProcessor
 from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator, ctranslate2_device
@@ -471,29 +470,6 @@ def check_steering(
                     f"{name}: the constraints' {needed - 1} tokens and </s> do not fit in the line's limit of "
                     f"{limit} tokens"
                 )
-
-
-def cut_long_lines(tokenizer, lines: list[str], positions: int) -> list[str]:
-    """`lines`, each cut to a start that holds more than `positions` tokens where it is much longer: only a line's
-    first `positions` tokens are translated, and tokenizing all of a 10 MB line to find them takes seconds and
-    gigabytes. A line is cut only when it has more characters than `positions` times the vocabulary's longest token
-    (a token takes at most that many, so a shorter line cannot hold more than `positions` tokens), and at a space,
-    so that the words before the cut are tokenized as in the whole line. Where spaces or characters that make no
-    token leave the cut short of `positions` tokens, it doubles until it is not."""
-    longest = max(map(len, tokenizer.get_vocab()))
-    return [cut_long_line(tokenizer, line, positions, positions * longest) for line in lines]
-
-
-def cut_long_line(tokenizer, line: str, positions: int, characters: int) -> str:
-    while characters < len(line):
-        cut = line[:characters]
-        last_word = None if line[characters].isspace() else re.search(r"\s\S*\Z", cut)
-        if last_word is not None:  # the cut splits a word: it goes, whole
-            cut = cut[: last_word.start()]
-        if len(tokenizer(cut)["input_ids"]) > positions:
-            return cut
-        characters *= 2
-    return line
 
 
 def token_counts(tokenizer, texts: list[str], chunk: int = 4096) -> list[int]:
