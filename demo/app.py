@@ -7,12 +7,17 @@ As a Hugging Face Space (this folder, with README.md and requirements.txt) it se
 Space's MODEL variable, a Hub id or a folder. Needs the [demo] extra: `pip install -e ".[demo]"`.
 
 What a visitor can ask of the server is bounded: a text longer than CHARACTERS_PER_POSITION characters for each of
-the model's positions is refused before it is tokenized; at most QUEUE_SIZE requests wait while one runs, and more
-are refused; gradio deletes its copies of the pictures as DELETE_CACHE says, and takes no upload over MAX_FILE_SIZE.
+the model's positions is refused before it is tokenized; its picture is at most MAX_FIGURE_INCHES a side at DPI
+whatever its tokens (PICTURE_NOTE says how, on the page); at most QUEUE_SIZE requests wait while one runs, and more
+are refused; gradio deletes its copies of the pictures as DELETE_CACHE says, and takes no upload over MAX_FILE_SIZE;
+and what a request leaves is freed and given back to the system as soon as its answer is made (`release_memory`).
 """
 
 import argparse
+import ctypes
+import gc
 import os
+import sys
 
 import gradio as gr
 import numpy as np
@@ -20,7 +25,14 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from hf_vanilla_transformer.loading import load_model_and_tokenizer
 from hf_vanilla_transformer.tools.inspection import attention_maps, decoding_steps
-from hf_vanilla_transformer.tools.visualize import STEP_COLUMNS, cross_attention_figure, steps_table
+from hf_vanilla_transformer.tools.visualize import (
+    DPI,
+    LABELLED_TOKENS,
+    MAX_FIGURE_INCHES,
+    STEP_COLUMNS,
+    cross_attention_figure,
+    steps_table,
+)
 
 EXAMPLES = ["A man is sleeping.", "Two dogs are playing in the snow.", "A woman in a red dress is singing."]
 # the system's fonts: the default theme would fetch one from Google Fonts, and a demo must work offline
@@ -40,6 +52,14 @@ QUEUE_SIZE = 20
 DELETE_CACHE = (60, 60)
 # the page takes no file, but gradio's upload route takes any, into its cache: none bigger than this
 MAX_FILE_SIZE = "1kb"
+# glibc's call that hands the free memory of every arena back to the system; None under another C library
+MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform == "linux" else None
+# what the picture shows of a long sentence: its size is bounded (tools/visualize.py), and the page says how
+PICTURE_NOTE = (
+    f"The picture draws every token of both sentences. Past {LABELLED_TOKENS} tokens a side they share its size "
+    f"and one in k is labelled, with its position, as the axis says; it is at most {MAX_FIGURE_INCHES * DPI:,} "
+    "pixels a side, however long the sentence."
+)
 
 
 def build_demo(model_path: str, queue_size: int = QUEUE_SIZE) -> gr.Blocks:
@@ -59,6 +79,12 @@ def translation_page(
     max_characters = CHARACTERS_PER_POSITION * positions
 
     def translate(source: str):
+        try:
+            return answer(source)
+        finally:  # its maps, steps and figure are garbage now
+            release_memory()
+
+    def answer(source: str):
         if len(source) > max_characters:  # before anything reads the text (the browser's max_length binds no one)
             raise gr.Error(
                 f"source: {len(source):,} characters, more than the {max_characters:,} this demo reads "
@@ -68,11 +94,15 @@ def translation_page(
         if not source.strip():  # as vanilla-translate and the pipeline: an empty sentence, an empty translation
             return "", None, []
         try:
+            # the picture is drawn and every layer's maps let go before the beam search's steps are recorded: a
+            # long sentence's maps and steps are never held at once
             maps = attention_maps(model, tokenizer, source)
+            translation, picture = maps.translation, pixels(cross_attention_figure(maps))
+            del maps
             steps, _ = decoding_steps(model, tokenizer, source, num_beams=model.generation_config.num_beams or 1)
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
-        return maps.translation, pixels(cross_attention_figure(maps)), steps_table(steps)
+        return translation, picture, steps_table(steps)
 
     with gr.Blocks(title="Attention Is All You Need: a translator", delete_cache=delete_cache) as demo:
         gr.Markdown(f"# Translate with the original Transformer\nModel: `{name}`")
@@ -82,12 +112,22 @@ def translation_page(
         picture = gr.Image(
             label="Where the decoder looked (encoder-decoder attention)", format="png", elem_id="attention"
         )
+        gr.Markdown(PICTURE_NOTE, elem_id="picture-note")
         steps = gr.Dataframe(headers=STEP_COLUMNS, label="Beam search, step by step", elem_id="steps")
         gr.Examples(EXAMPLES, inputs=source)
         outputs = [translation, picture, steps]
         button.click(translate, inputs=source, outputs=outputs, api_name="translate")
         source.submit(translate, inputs=source, outputs=outputs, api_visibility="private")
     return demo.queue(max_size=queue_size, default_concurrency_limit=1)
+
+
+def release_memory() -> None:
+    """Free what a request left and give it back to the system: matplotlib's figure is a cycle of objects, which only
+    a full garbage collection frees, and glibc keeps what a thread freed in that thread's arena, for the thread to
+    reuse; gradio answers on several threads, so long requests left gigabytes held between them."""
+    gc.collect()
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM(0)
 
 
 def pixels(figure) -> np.ndarray:
@@ -122,6 +162,10 @@ def main(argv: list[str] | None = None) -> None:
         demo = build_demo(args.model, args.queue_size)
     except (OSError, ValueError) as error:
         parser.exit(1, f"{parser.prog}: error: {error}\n")
+    # what is loaded now lives as long as the server: out of the collector's sight, so that the collection after
+    # each request looks at that request's objects only (milliseconds, not a quarter of a second)
+    gc.collect()
+    gc.freeze()
     launch(demo, args.host, args.port)
 
 

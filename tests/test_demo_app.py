@@ -3,6 +3,8 @@ gradio_client, and published as a Space (the slow tier, on a trained run); and a
 up or fill its disk (the quick tier, its page on a tiny model served in this process): a text too long is refused
 before it is tokenized, a full queue refuses more requests, and the pictures do not stay on disk."""
 
+import contextlib
+import gc
 import hashlib
 import importlib.util
 import json
@@ -29,6 +31,8 @@ from support.processes import free_port
 START_TIMEOUT, PAGE_TIMEOUT = 120, 90
 # the tiny demo: its model's positions, the requests its queue holds, and a sentence its tokenizer holds on
 POSITIONS, QUEUE_SIZE, HOLD = 24, 2, "j j j"
+# the positions of a model with a long sentence's: those of our recipes' models
+LONG_POSITIONS = 1024
 
 
 def load_app():
@@ -65,27 +69,35 @@ def app():
     return load_app()
 
 
-@pytest.fixture(scope="module")
-def tiny_demo(app, tmp_path_factory):
-    """demo/app.py's page for a tiny model and a WatchedTokenizer, served in this process on a free loopback port,
-    with a queue of QUEUE_SIZE and its pictures deleted once a second old, checked every second. Gradio's folder
-    (GRADIO_TEMP_DIR) and the temporary folder are in `written`. Yields the URL, the tokenizer and `written`."""
-    written = tmp_path_factory.mktemp("written")
+@contextlib.contextmanager
+def served_page(app, model, tokenizer, written: Path, **options):
+    """demo/app.py's page for `model` and `tokenizer` (`options`: translation_page's), served in this process on a
+    free loopback port, gradio's folder (GRADIO_TEMP_DIR) and the temporary folder in `written`; its URL."""
     (written / "tmp").mkdir()
-    letters = letter_tokenizer()
-    tokenizer = WatchedTokenizer(letters)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GRADIO_TEMP_DIR", str(written / "gradio"))
         patch.setenv("GRADIO_ANALYTICS_ENABLED", "False")
         patch.setattr(tempfile, "tempdir", str(written / "tmp"))
-        model = tiny_model(vocab_size=len(letters), max_position_embeddings=POSITIONS)
-        demo = app.translation_page(model, tokenizer, "tiny", queue_size=QUEUE_SIZE, delete_cache=(1, 1))
+        demo = app.translation_page(model, tokenizer, "tiny", **options)
         port = free_port()
         app.launch(demo, "127.0.0.1", port, prevent_thread_lock=True, quiet=True)
         try:
-            yield f"http://127.0.0.1:{port}/", tokenizer, written
+            yield f"http://127.0.0.1:{port}/"
         finally:
             demo.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_demo(app, tmp_path_factory):
+    """demo/app.py's page for a tiny model and a WatchedTokenizer, served in this process, with a queue of QUEUE_SIZE
+    and its pictures deleted once a second old, checked every second. Yields the URL, the tokenizer and the folder
+    of what the server writes."""
+    written = tmp_path_factory.mktemp("written")
+    letters = letter_tokenizer()
+    tokenizer = WatchedTokenizer(letters)
+    model = tiny_model(vocab_size=len(letters), max_position_embeddings=POSITIONS)
+    with served_page(app, model, tokenizer, written, queue_size=QUEUE_SIZE, delete_cache=(1, 1)) as url:
+        yield url, tokenizer, written
 
 
 def client_of(url: str):
@@ -153,6 +165,41 @@ def test_a_full_queue_refuses_more_requests(tiny_demo):
         tokenizer.release.set()
     answers = [job.result(timeout=120) for job in [running, *waiting]]
     assert all(steps["data"] for _, _, steps in answers)
+
+
+def test_the_longest_text_is_answered_with_a_picture_of_bounded_size(app, tmp_path):
+    """The longest text the demo takes: a word for each of the model's positions but the one </s> takes. Its picture
+    was 0.32 inch a token, 33,000 pixels wide here, and as tall for a translation as long: 22 GB for one request. It
+    is at most 2,400 pixels a side, and the page says what it shows."""
+    from gradio_client.exceptions import AppError
+
+    letters = letter_tokenizer()
+    model = tiny_model(vocab_size=len(letters), max_position_embeddings=LONG_POSITIONS)
+    with served_page(app, model, letters, tmp_path) as url:
+        client = client_of(url)
+        longest = " ".join(["a"] * (LONG_POSITIONS - 1))
+        translation, picture, steps = client.predict(longest, api_name="/translate")
+        assert translation and steps["data"]
+        height, width = imread(picture["path"]).shape[:2]
+        assert width <= 2400 and height <= 2400
+        with pytest.raises(AppError, match=f"{LONG_POSITIONS + 1} tokens, more than the model's {LONG_POSITIONS}"):
+            client.predict(f"{longest} a", api_name="/translate")
+        page = httpx.get(f"{url}config", timeout=60).json()
+        assert app.PICTURE_NOTE in [component["props"].get("value") for component in page["components"]]
+
+
+def test_a_request_leaves_no_figure_behind(tiny_demo):
+    """matplotlib's figure is a cycle of objects that only a full garbage collection frees, which a server may not run
+    for many requests: each held its picture's pixels meanwhile. Once a request is answered its figure is gone."""
+    from matplotlib.figure import Figure
+
+    def figures() -> set[int]:
+        return {id(thing) for thing in gc.get_objects() if type(thing) is Figure}
+
+    url, _, _ = tiny_demo
+    before = figures()  # other tests' figures, if any
+    assert client_of(url).predict("a b c", api_name="/translate")[1]
+    assert figures() <= before
 
 
 def test_a_queue_of_no_request_is_refused(app, capsys):

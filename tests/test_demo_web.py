@@ -6,6 +6,7 @@ import http.client
 import importlib.util
 import socket
 import threading
+import time
 
 import pytest
 
@@ -58,12 +59,12 @@ def export(tmp_path, outside):
 
 @pytest.fixture
 def serve_page():
-    """`serve_page(model_folder, page_folder)`: serve.py's server on a free loopback port, serving in a thread; its
-    port. Every server is shut down when the test ends."""
+    """`serve_page(model_folder, page_folder, **options)`: serve.py's server (`options`: page_server's) on a free
+    loopback port, serving in a thread; its port. Every server is shut down when the test ends."""
     serve, servers = load_serve(), []
 
-    def start(model_folder, page_folder=serve.PAGE_FOLDER) -> int:
-        server = serve.page_server(str(model_folder), 0, str(page_folder))
+    def start(model_folder, page_folder=serve.PAGE_FOLDER, **options) -> int:
+        server = serve.page_server(str(model_folder), 0, str(page_folder), **options)
         servers.append(server)
         # shutdown() waits for serve_forever's next poll: 0.5 s by default, for each of the tests
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
@@ -192,9 +193,59 @@ def test_a_bad_request_is_a_4xx_and_one_log_line(serve_page, export, capsys):
         with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
             connection.sendall(request)
             assert connection.makefile("rb").readline().split()[1] == str(expected).encode(), request
-    lines = capsys.readouterr().err.splitlines()
+    # each line is written once its response is sent: the client may have read it first
+    lines = logged_until(capsys, lambda text: len(text.splitlines()) >= len(requests) + len(raw))
     assert "Traceback (most recent call last):" not in lines
     assert len(lines) == len(requests) + len(raw), lines
     logged = [f'"{method} {target} HTTP/1.1" {status}' for (method, target), status in requests.items()]
-    for line, expected in zip(lines, logged + [line for _, line in raw.values()], strict=True):
-        assert expected in line
+    # each request its own line; in any order, as each is written by its connection's thread after its response
+    for expected in logged + [line for _, line in raw.values()]:
+        assert sum(expected in line for line in lines) == 1, (expected, lines)
+
+
+def logged_until(capsys, done, timeout: float = 60) -> list[str]:
+    """The lines logged (stderr) from now until `done(text so far)` holds, or `timeout` seconds have passed (a bound
+    on a hang, not a measure of speed)."""
+    text, deadline = "", time.monotonic() + timeout
+    while not done(text) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        text += capsys.readouterr().err
+    return text.splitlines()
+
+
+def test_a_client_that_hangs_up_mid_response_is_one_log_line(serve_page, export, capsys):
+    """A client asks for a graph and closes before reading it: writing the rest fails (a reset or a broken pipe),
+    which was a 27-line traceback. It is the request's one line, saying that the client hung up."""
+    graph = export / "onnx" / "encoder_model.onnx"
+    graph.write_bytes(b"0" * 2**25)  # far more than the sockets' buffers hold: the server is still writing
+    port = serve_page(export)
+    capsys.readouterr()
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.settimeout(30)
+        client.connect(("127.0.0.1", port))
+        client.sendall(b"GET /models/model/onnx/encoder_model.onnx HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert client.recv(16).startswith(b"HTTP/1.0 200")  # the response has begun; the rest is left unread
+    # socketserver writes an error's traceback between two lines of dashes
+    lines = logged_until(capsys, lambda text: "hung up" in text or text.count("-" * 40) == 2)
+    assert not any("Traceback" in line for line in lines), lines
+    (line,) = lines
+    assert '"GET /models/model/onnx/encoder_model.onnx HTTP/1.1" 200' in line and "the client hung up" in line
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"GET /page.js", b"GET /page.js HTTP/1.1\r\nHost: localhost\r\n"],
+    ids=["nothing", "half a request line", "headers without their end"],
+)
+def test_an_idle_connection_is_closed_after_the_timeout(serve_page, export, capsys, sent):
+    """A client that connects and sends nothing, or part of a request, held one of the server's threads for as long
+    as it liked. The server closes it once `timeout` seconds pass without a byte, with one log line."""
+    port = serve_page(export, timeout=0.5)
+    capsys.readouterr()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as client:
+        client.sendall(sent)
+        assert client.recv(1024) == b""  # closed by the server, long before the client's own 30 s
+    lines = logged_until(capsys, lambda text: "timed out" in text)
+    assert len(lines) == 1 and "Request timed out" in lines[0], lines
+    assert get(port, "/page.js")[0] == 200  # a request sent at once is served as before

@@ -1,5 +1,7 @@
+import gc
 import itertools
 import math
+import sys
 import warnings
 
 import pytest
@@ -12,7 +14,7 @@ from hf_vanilla_transformer.tools.inspection import (
     teacher_forced_steps,
     token_labels,
 )
-from support.models import SENTENCES, beam_search_example, generate_text
+from support.models import SENTENCES, beam_search_example, generate_text, letter_tokenizer, tiny_model
 
 TARGET = "Ein Mann schläft."
 
@@ -195,3 +197,35 @@ def test_bad_sources_are_refused(model_and_tokenizer, source, message):
     for call in (attention_maps, decoding_steps):
         with pytest.raises(ValueError, match=message):
             call(model, tokenizer, source)
+
+
+def retained_bytes(root) -> int:
+    """The bytes of the objects reachable from `root`, each counted once, a tensor's storage with it."""
+    seen, storages, total, stack = set(), set(), 0, [root]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen or isinstance(item, type):
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            if storage.data_ptr() not in storages:
+                storages.add(storage.data_ptr())
+                total += storage.nbytes()
+            continue
+        stack.extend(gc.get_referents(item))
+    return total
+
+
+def test_what_the_steps_of_a_long_decoding_hold_grows_with_its_length_not_its_square():
+    # every hypothesis holds its tokens so far: copied, they would grow with the square of the length
+    model, tokenizer = tiny_model(vocab_size=14, max_position_embeddings=512), letter_tokenizer()
+
+    def held(length: int) -> int:
+        lengths = {"min_new_tokens": length, "max_new_tokens": length, "max_new_tokens_over_source": None}
+        steps, _ = decoding_steps(model, tokenizer, "a b c", num_beams=2, **lengths)
+        assert len(steps) == length and len(steps[-1].hypotheses[0].tokens) == length
+        return retained_bytes(steps)
+
+    assert held(400) < 2.2 * held(200)

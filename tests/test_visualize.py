@@ -115,6 +115,42 @@ def test_the_colours_follow_the_weights(tmp_path):
     assert np.all(np.diff(greens) > 0)  # brighter where the weight is larger, cell by cell
 
 
+def test_the_picture_of_the_longest_sentence_is_bounded_and_shows_every_token(tmp_path):
+    """A model of 1,024 positions reads a source of 1,024 tokens and may write a translation as long: at 0.32 inch a
+    token its picture was 33,000 pixels a side, 4 GB drawn, twice. It is at most 2,400 pixels a side; every token
+    is still drawn (a diagonal map is bright along the diagonal), one in 21 labelled with its position, as the axis
+    titles say."""
+    n = 1024
+    tokens = [f"w{i}" for i in range(n)]
+    weights = torch.full((n, n), 0.1 / (n - 1)).fill_diagonal_(0.9)
+    figure = attention_figure(weights, tokens, tokens, "a long sentence", ("query", "key"))
+    assert max(figure.get_size_inches() * figure.dpi) <= 2400  # before it is drawn
+    image = imread(save_figure(figure, str(tmp_path / "long.png")))
+    assert max(image.shape[:2]) <= 2400
+    axes = figure.axes[0]
+    labelled = [f"{i + 1}: w{i}" for i in range(0, n, 21)]
+    assert [label.get_text() for label in axes.get_xticklabels()] == labelled
+    assert [label.get_text() for label in axes.get_yticklabels()] == labelled
+    assert axes.get_xlabel() == "key (1,024 tokens, one in 21 labelled, with its position)"
+    assert axes.get_ylabel() == "query (1,024 tokens, one in 21 labelled, with its position)"
+    box = axes.get_window_extent()  # the heat map's pixels: row r's brightest column lies on the diagonal
+    heat_map = image[round(image.shape[0] - box.y1) : round(image.shape[0] - box.y0), round(box.x0) : round(box.x1)]
+    brightest = heat_map[..., 1].argmax(axis=1) / heat_map.shape[1]
+    assert np.abs(brightest - np.linspace(0, 1, len(brightest))).max() < 0.02
+
+
+def test_a_long_translation_of_a_short_source_keeps_its_rows_legible():
+    """14 target tokens over 1,024 source tokens: the rows keep their full size and every label, the columns share
+    the heat map's width."""
+    rows, columns = [f"t{i}" for i in range(14)], [f"s{i}" for i in range(1024)]
+    figure = attention_figure(torch.full((14, 1024), 1 / 1024), rows, columns, "wide", ("target", "source"))
+    width, height = figure.get_size_inches() * figure.dpi
+    assert width <= 2400 and 0.32 * 14 * 100 <= height <= 2400
+    axes = figure.axes[0]
+    assert [label.get_text() for label in axes.get_yticklabels()] == rows and axes.get_ylabel() == "target"
+    assert len(axes.get_xticklabels()) == 49 and axes.get_xlabel().startswith("source (1,024 tokens, one in 21")
+
+
 def test_every_picture_says_what_its_rows_and_columns_are_and_has_a_colour_legend():
     maps = diagonal_maps()
     expected = {

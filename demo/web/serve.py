@@ -5,7 +5,8 @@
 
 The standard library's http.server, bound to 127.0.0.1: a page to look at, not a server to deploy. It serves only
 the files the page loads (PAGE_FILES, LIBRARY_FILES, MODEL_FILES), each only where it lies inside its folder once
-symbolic links are followed; anything else, a folder included, is a 404, and every request one log line.
+symbolic links are followed; anything else, a folder included, is a 404, and every request one log line, a client
+that hangs up included. A connection that sends nothing for IDLE_TIMEOUT seconds is closed.
 """
 
 import argparse
@@ -13,9 +14,13 @@ import contextlib
 import functools
 import os
 import urllib.parse
+from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 PAGE_FOLDER = os.path.dirname(os.path.abspath(__file__))
+# seconds a connection may wait for its client's next byte, or for its client to take more of a response: each holds
+# a thread, and a browser opens a new connection when it needs one
+IDLE_TIMEOUT = 30.0
 MODEL_URL = "/models/model/"
 LIBRARY_URL = "/node_modules/"
 # URL -> file of the page's folder
@@ -60,9 +65,12 @@ class PageHandler(SimpleHTTPRequestHandler):
     """The page's files, the library's under /node_modules/ and the export's under /models/model/: those the page
     loads, and nothing else (no listing, no other file of these folders, this script included)."""
 
-    def __init__(self, *args, model_folder: str, page_folder: str = PAGE_FOLDER, **kwargs):
+    def __init__(
+        self, *args, model_folder: str, page_folder: str = PAGE_FOLDER, timeout: float = IDLE_TIMEOUT, **kwargs
+    ):
         self.model_folder = model_folder
         self.page_folder = page_folder
+        self.timeout = timeout  # StreamRequestHandler.setup gives it to the connection
         super().__init__(*args, directory=page_folder, **kwargs)
 
     def served_file(self, url: str) -> str | None:
@@ -82,17 +90,41 @@ class PageHandler(SimpleHTTPRequestHandler):
         # nothing (a 404) and is no folder to list
         return self.served_file(path) or ""
 
+    def handle_one_request(self):
+        """One request, and its one log line once its response is sent: a client that hung up (a reset, a broken
+        pipe) ends the connection with that line saying so, not with a traceback."""
+        self.response_code = None
+        try:
+            super().handle_one_request()
+            hung_up = ""
+        except ConnectionError as error:
+            self.close_connection = True
+            hung_up = f"the client hung up ({error.strerror})"
+        if self.response_code is not None:
+            self.log_message('"%s" %s -%s', self.requestline, self.response_code, f", {hung_up}" if hung_up else "")
+        elif hung_up:
+            self.log_message("%s", hung_up)
+
+    def log_request(self, code="-", size="-"):
+        # send_response's line waits for handle_one_request, which knows whether the client took the response
+        self.response_code = code.value if isinstance(code, HTTPStatus) else code
+
     def log_error(self, format, *args):
         # send_error logs "code 404, message ..." before the request's own line, which has the code: one is enough
         if not format.startswith("code %d"):
             super().log_error(format, *args)
 
 
-def page_server(model_folder: str, port: int, page_folder: str = PAGE_FOLDER) -> ThreadingHTTPServer:
+def page_server(
+    model_folder: str, port: int, page_folder: str = PAGE_FOLDER, timeout: float = IDLE_TIMEOUT
+) -> ThreadingHTTPServer:
     """A server of the page in `page_folder` and the export in `model_folder` on 127.0.0.1:`port` (0: a free one),
-    not yet serving."""
+    closing a connection idle for `timeout` seconds; not yet serving."""
     handler = functools.partial(
-        PageHandler, model_folder=os.path.abspath(model_folder), page_folder=os.path.abspath(page_folder)
+        PageHandler,
+        model_folder=os.path.abspath(model_folder),
+        page_folder=os.path.abspath(page_folder),
+        timeout=timeout,
     )
     return ThreadingHTTPServer(("127.0.0.1", port), handler)
 

@@ -16,6 +16,7 @@ a model on another path, both functions run an eager copy of it and say so with 
 import copy
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -63,13 +64,13 @@ class AttentionMaps:
 class Hypothesis:
     """One partial translation kept after a decoding step, and how the step extended it."""
 
-    tokens: list[str]  # the target tokens so far, `<s>` left out
+    tokens: Sequence[str]  # the target tokens so far, `<s>` left out
     token: str  # the token this step added
     probability: float  # the model's probability of `token` after `tokens[:-1]`
     log_probability: float  # of all of `tokens`: the score beam search ranks by before its length penalty
     alternatives: list[tuple[str, float]]  # the top-k next tokens at this step and their probabilities
     looked_at: str  # the source token the encoder-decoder attention weighed most (last layer, mean over heads)
-    attention: list[float]  # that attention over the source tokens
+    attention: torch.Tensor  # that attention over the source tokens
     parent: int | None = None  # the hypothesis it extends: its index in the step before (None at step 1)
     finished: bool = False  # it ended with `</s>`: a whole translation
     winner: bool = False  # the translation `generate()` returned
@@ -178,14 +179,49 @@ def attention_maps(
     )
 
 
-class _RunningSequences(LogitsProcessor):
-    """Records the sequences `generate()` extends at each step: for beam search, the beams it kept."""
+class _StepRecorder(LogitsProcessor):
+    """Records what `decoding_steps` shows of each step of `generate()`, and nothing more, so that what it keeps
+    grows with the length, not with its square: as a forward hook, each row's top-k, log-probability of `</s>` and
+    last-layer encoder-decoder attention (mean over heads, last position); as a logits processor (called after that
+    forward, with the sequences of its rows: for beam search, the beams it kept), the row each row extends in the
+    step before, the token it added and that token's log-probability, read from the step before's distribution,
+    which is then dropped. The last step's distribution stays: a hypothesis the length limit ended may end there
+    with any token."""
 
-    def __init__(self):
-        self.steps: list[torch.Tensor] = []
+    def __init__(self, top_k: int, eos_token_id: int):
+        self.top_k, self.eos_token_id = top_k, eos_token_id
+        self.top: list = []  # per step: the top_k log-probabilities of each row and their tokens
+        self.eos_log_probabilities: list[torch.Tensor] = []  # per step: (rows,)
+        self.attention: list[torch.Tensor] = []  # per step: (rows, source)
+        self.parents: list[torch.Tensor] = []  # per step after the first: the row of the step before each row extends
+        self.tokens: list[torch.Tensor] = []  # per step after the first: the token each row added
+        self.token_log_probabilities: list[torch.Tensor] = []  # per step before the last: (rows of the next step,)
+        self.log_probabilities: torch.Tensor | None = None  # the latest step's, (rows, vocabulary)
+        self.sequences: torch.Tensor | None = None  # the latest step's rows
+        self.pending: torch.Tensor | None = None  # the distribution of the forward whose rows come next
+
+    @staticmethod
+    def ask_for_attentions(module, args, kwargs):
+        # a forward pre-hook: generate() keeps every step's attentions of every layer when asked for them itself
+        return args, {**kwargs, "output_attentions": True}
+
+    def record_outputs(self, module, inputs, outputs) -> None:
+        log_probabilities = outputs.logits[:, -1].float().log_softmax(-1)
+        self.top.append(log_probabilities.topk(self.top_k))
+        self.eos_log_probabilities.append(log_probabilities[:, self.eos_token_id])
+        self.attention.append(outputs.cross_attentions[-1][:, :, -1, :].mean(1).float().cpu())
+        self.pending = log_probabilities
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        self.steps.append(input_ids.clone())
+        if self.sequences is not None:
+            # a row extends the last row of the step before with its prefix (at the first step all rows are `<s>`)
+            same = (input_ids[:, None, :-1] == self.sequences[None]).all(-1)
+            parents = same.shape[1] - 1 - same.flip(1).int().argmax(1)
+            tokens = input_ids[:, -1]
+            self.parents.append(parents.cpu())
+            self.tokens.append(tokens.cpu())
+            self.token_log_probabilities.append(self.log_probabilities[parents, tokens].cpu())
+        self.sequences, self.log_probabilities = input_ids.clone(), self.pending
         return scores
 
 
@@ -195,6 +231,39 @@ def up_to_end(sequence: list[int], eos_token_id: int) -> tuple[int, ...]:
     if eos_token_id in sequence[1:]:
         return tuple(sequence[: sequence.index(eos_token_id, 1) + 1])
     return tuple(sequence)
+
+
+class TokensSoFar(Sequence):
+    """The target tokens of a hypothesis, read as a list (length, items, slices, equality with a list): those of the
+    hypothesis it extends, shared rather than copied, and one more, so that a search's hypotheses hold memory in
+    proportion to their number, not to the square of their length."""
+
+    __slots__ = ("before", "last", "length")
+
+    def __init__(self, before: "TokensSoFar | None", last: str):
+        self.before, self.last = before, last
+        self.length = 1 + (len(before) if before is not None else 0)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        tokens, link = [], self
+        while link is not None:
+            tokens.append(link.last)
+            link = link.before
+        return reversed(tokens)
+
+    def __getitem__(self, index):
+        return list(self)[index]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int = 5, **generate_kwargs):
@@ -208,61 +277,92 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
     """
     check_top_k(top_k, model)
     encoded = encode_sentence(source, "source", tokenizer, model)
-    recorder = _RunningSequences()
+    eos_token_id = model.config.eos_token_id
+    recorder = _StepRecorder(top_k, eos_token_id)
     model = on_the_eager_path(model, encoded)
-    with torch.no_grad():
-        output = model.generate(
-            **encoded,
-            # every finished hypothesis, best first: the first is the translation
-            **{**generate_kwargs, "num_beams": num_beams, "do_sample": False, "num_return_sequences": num_beams},
-            logits_processor=[recorder],
-            return_dict_in_generate=True,
-            output_logits=True,
-            output_attentions=True,
-        )
+    hooks = (
+        model.register_forward_pre_hook(recorder.ask_for_attentions, with_kwargs=True),
+        model.register_forward_hook(recorder.record_outputs),
+    )
+    try:
+        with torch.no_grad():
+            sequences = model.generate(
+                **encoded,
+                # every finished hypothesis, best first: the first is the translation
+                **{**generate_kwargs, "num_beams": num_beams, "do_sample": False, "num_return_sequences": num_beams},
+                logits_processor=[recorder],
+            )
+    finally:
+        for hook in hooks:
+            hook.remove()
     source_tokens = token_labels(tokenizer, encoded["input_ids"][0])
-    returned = [up_to_end(sequence.tolist(), model.config.eos_token_id) for sequence in output.sequences]
+    labels: dict[int, str] = {}  # token id -> its label, one string shared by every hypothesis holding it
+
+    def label(token_id: int) -> str:
+        if token_id not in labels:
+            labels[token_id] = token_labels(tokenizer, [token_id])[0]
+        return labels[token_id]
+
+    returned = [up_to_end(sequence.tolist(), eos_token_id) for sequence in sequences]
     ended_at = {}  # step index -> the returned hypotheses that wrote their last token there
     for sequence in returned:
         ended_at.setdefault(len(sequence) - 2, []).append(sequence)
-    scores = {returned[0][:1]: 0.0}
-    previous: dict[tuple, int] = {}  # the hypotheses of the step before -> their index
+    last = len(recorder.top) - 1
+    root = returned[0][:1]  # `<s>`, which every row of the first step holds
+    running = [root] * len(recorder.top[0].values)
+    # the hypotheses of the step before -> their index, tokens and log-probability
+    previous: dict[tuple, tuple[int | None, TokensSoFar | None, float]] = {root: (None, None, 0.0)}
     steps = []
-    for index, (running, logits, cross_attentions) in enumerate(
-        zip(recorder.steps, output.logits, output.cross_attentions, strict=True)
+    for index, (top, eos_log_probabilities, attention) in enumerate(
+        zip(recorder.top, recorder.eos_log_probabilities, recorder.attention, strict=True)
     ):
-        rows = {tuple(sequence.tolist()): row for row, sequence in enumerate(running)}
-        log_probabilities = logits.float().log_softmax(-1)
-        attention = cross_attentions[-1][:, :, -1, :].mean(1)  # last layer, mean over heads: (rows, source)
-        kept_running = recorder.steps[index + 1].tolist() if index + 1 < len(recorder.steps) else []
+        rows = {sequence: row for row, sequence in enumerate(running)}
+        # the hypotheses kept: the returned ones that ended here, then the rows of the next step
+        kept = [(sequence, None) for sequence in ended_at.get(index, [])]
+        if index < last:
+            following = [
+                running[parent] + (token,)
+                for parent, token in zip(recorder.parents[index].tolist(), recorder.tokens[index].tolist(), strict=True)
+            ]
+            kept += zip(following, recorder.token_log_probabilities[index].tolist(), strict=True)
         step, positions = DecodingStep(step=index + 1), {}
-        for sequence in [*ended_at.get(index, []), *map(tuple, kept_running)]:
+        for sequence, token_log_probability in kept:
             row = rows[sequence[:-1]]
-            token_log_probability = float(log_probabilities[row, sequence[-1]])
-            scores[sequence] = scores[sequence[:-1]] + token_log_probability
-            top = log_probabilities[row].topk(top_k)
+            if token_log_probability is None:  # a finished one: it ended with `</s>`, or at the last step
+                token_log_probability = float(
+                    eos_log_probabilities[row]
+                    if sequence[-1] == eos_token_id
+                    else recorder.log_probabilities[row, sequence[-1]]
+                )
+            parent, before, log_probability = previous[sequence[:-1]]
+            log_probability += token_log_probability
             weights = attention[row]
-            tokens = token_labels(tokenizer, sequence[1:])
-            positions[sequence] = len(step.hypotheses)
+            tokens = TokensSoFar(before, label(sequence[-1]))
+            positions[sequence] = len(step.hypotheses), tokens, log_probability
             step.hypotheses.append(
                 Hypothesis(
                     tokens=tokens,
-                    token=tokens[-1],
+                    token=tokens.last,
                     probability=math.exp(token_log_probability),
-                    log_probability=scores[sequence],
-                    alternatives=list(
-                        zip(token_labels(tokenizer, top.indices), top.values.exp().tolist(), strict=True)
-                    ),
+                    log_probability=log_probability,
+                    alternatives=[
+                        (label(token_id), probability)
+                        for token_id, probability in zip(
+                            top.indices[row].tolist(), top.values[row].exp().tolist(), strict=True
+                        )
+                    ],
                     looked_at=source_tokens[int(weights.argmax())],
-                    attention=weights.tolist(),
-                    parent=previous.get(sequence[:-1]),
-                    finished=sequence[-1] == model.config.eos_token_id,
+                    attention=weights,
+                    parent=parent,
+                    finished=sequence[-1] == eos_token_id,
                     winner=sequence == returned[0],
                 )
             )
         if step.hypotheses:  # the last step keeps none when no hypothesis ended there
             steps.append(step)
         previous = positions
+        if index < last:
+            running = following
     return steps, tokenizer.decode(returned[0], skip_special_tokens=True)
 
 
@@ -271,18 +371,19 @@ def teacher_forced_steps(maps: AttentionMaps) -> list[DecodingStep]:
     token, the probability the model gave it, the model's own top-k and where the encoder-decoder attention looked
     (last layer, mean over heads)."""
     attention = maps.weights["encoder_decoder_attention"][-1].mean(0)  # (target, source)
-    steps, log_probability = [], 0.0
+    steps, log_probability, tokens = [], 0.0, None
     for index, (token, probability) in enumerate(zip(maps.target_tokens, maps.target_probabilities, strict=True)):
         log_probability += math.log(max(probability, 1e-45))
         weights = attention[index]
+        tokens = TokensSoFar(tokens, token)
         hypothesis = Hypothesis(
-            tokens=maps.target_tokens[: index + 1],
+            tokens=tokens,
             token=token,
             probability=probability,
             log_probability=log_probability,
             alternatives=maps.target_alternatives[index],
             looked_at=maps.source_tokens[int(weights.argmax())],
-            attention=weights.tolist(),
+            attention=weights,
             parent=0 if index else None,
             finished=index + 1 == len(maps.target_tokens),
         )

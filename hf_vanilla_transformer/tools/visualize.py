@@ -19,6 +19,7 @@ import functools
 import html
 import json
 import logging
+import math
 import os
 import re
 import warnings
@@ -88,12 +89,34 @@ def axis_labels(maps: AttentionMaps, kind: str) -> tuple[list[str], list[str]]:
     return queries, keys
 
 
+# A picture's size, and the work to draw it, are bounded whatever the sentence: each token gets TOKEN_INCHES of its
+# axis up to LABELLED_TOKENS tokens; past that the tokens share LABELLED_TOKENS * TOKEN_INCHES, every one still
+# drawn, and one in k is labelled, with its position, as the axis title says; no figure is more than
+# MAX_FIGURE_INCHES a side at DPI.
+DPI = 100
+TOKEN_INCHES = 0.32
+LABELLED_TOKENS = 50
+MAX_FIGURE_INCHES = 24
+
+
+def labelled_ticks(labels: list[str], axis_title: str) -> tuple[list[int], list[str], str]:
+    """The positions to label on an axis of `labels`, their labels and the axis title: every token's up to
+    LABELLED_TOKENS, else one in k, numbered from 1, with the title saying so."""
+    every = math.ceil(len(labels) / LABELLED_TOKENS)
+    if every <= 1:
+        return list(range(len(labels))), labels, axis_title
+    positions = list(range(0, len(labels), every))
+    shown = [f"{position + 1}: {labels[position]}" for position in positions]
+    return positions, shown, f"{axis_title} ({len(labels):,} tokens, one in {every} labelled, with its position)"
+
+
 def attention_figure(
     weights, row_labels: list[str], column_labels: list[str], title: str, axis_titles: tuple[str, str]
 ):
     """A heat map of `weights` (queries x keys, each row summing to 1): rows are the queries, columns the keys,
-    labelled with their tokens, the axes titled with `axis_titles` (rows, columns); 0 is dark purple and 1 yellow,
-    as the colour bar shows."""
+    labelled with their tokens (past LABELLED_TOKENS, one in k, as the axis title says), the axes titled with
+    `axis_titles` (rows, columns); 0 is dark purple and 1 yellow, as the colour bar shows. At most
+    MAX_FIGURE_INCHES a side at DPI, whatever the tokens."""
     from matplotlib import rc_context
     from matplotlib.figure import Figure
 
@@ -101,20 +124,36 @@ def attention_figure(
     rows, columns = len(row_labels), len(column_labels)
     if weights.shape != (rows, columns):
         raise ValueError(f"weights of shape {tuple(weights.shape)} for {rows} row and {columns} column labels")
+    row_ticks, row_tick_labels, row_title = labelled_ticks(row_labels, axis_titles[0])
+    column_ticks, column_tick_labels, column_title = labelled_ticks(column_labels, axis_titles[1])
     # tokens are text, never TeX: "$5" must not start a formula
     with rc_context({"font.family": font_families(row_labels + column_labels), "text.parse_math": False}):
         # wide and tall enough for the row labels, the colour bar and the titles too
-        labels_width = 0.07 * max(map(len, row_labels), default=0)
-        width = max(2.6 + labels_width + 0.32 * columns, 1.0 + 0.07 * max(len(title), len(axis_titles[1])))
-        height = max(1.9 + 0.32 * rows, 1.0 + 0.07 * len(axis_titles[0]))
-        figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
+        labels_width = 0.07 * max(map(len, row_tick_labels), default=0)
+        width = max(
+            2.6 + labels_width + TOKEN_INCHES * min(columns, LABELLED_TOKENS),
+            1.0 + 0.07 * max(len(title), len(column_title)),
+        )
+        height = max(1.9 + TOKEN_INCHES * min(rows, LABELLED_TOKENS), 1.0 + 0.07 * len(row_title))
+        size = (min(width, MAX_FIGURE_INCHES), min(height, MAX_FIGURE_INCHES))
+        figure = Figure(figsize=size, dpi=DPI, layout="constrained")
         axes = figure.add_subplot()
-        image = axes.imshow(weights, cmap=COLOR_MAP, vmin=0.0, vmax=1.0, interpolation="nearest")
-        axes.set_xticks(range(columns), column_labels, rotation=90)
-        axes.set_yticks(range(rows), row_labels)
+        # square cells while every token has its TOKEN_INCHES; past that, each axis shares its length out.
+        # "antialiased": exact cells where they are 3 pixels or more, smoothed (not dropped) where less
+        full_size = max(rows, columns) <= LABELLED_TOKENS
+        image = axes.imshow(
+            weights,
+            cmap=COLOR_MAP,
+            vmin=0.0,
+            vmax=1.0,
+            interpolation="antialiased",
+            aspect="equal" if full_size else "auto",
+        )
+        axes.set_xticks(column_ticks, column_tick_labels, rotation=90)
+        axes.set_yticks(row_ticks, row_tick_labels)
         axes.set_title(title, fontsize=9)
-        axes.set_ylabel(axis_titles[0], fontsize=9)
-        axes.set_xlabel(axis_titles[1], fontsize=9)
+        axes.set_ylabel(row_title, fontsize=9)
+        axes.set_xlabel(column_title, fontsize=9)
         figure.colorbar(image, ax=axes, shrink=0.8).set_label(COLOR_LEGEND, fontsize=8)
     return figure
 
