@@ -30,6 +30,16 @@ class OutputDirRefused(ValueError):
 UNPRINTABLE_IN_A_NAME = {"Cc", "Cf", "Zl", "Zp"}
 
 
+def unprintable_character(name: str, categories: set[str] = UNPRINTABLE_IN_A_NAME) -> tuple[int, str] | None:
+    """The first character of `name` of a Unicode category in `categories`, with its position (from 1); None."""
+    found = (
+        (position, character)
+        for position, character in enumerate(name, 1)
+        if unicodedata.category(character) in categories
+    )
+    return next(found, None)
+
+
 def check_output_dir_is_ours(output_dir: str, reads: Iterable[str | None] = ()) -> None:
     """Refuse, whatever the flags say, an output folder the command does not own, before anything is touched: an
     empty name (which os.path makes the working folder), a name with a character of UNPRINTABLE_IN_A_NAME, and a
@@ -38,12 +48,12 @@ def check_output_dir_is_ours(output_dir: str, reads: Iterable[str | None] = ()) 
     it leads to."""
     if not output_dir:
         raise OutputDirRefused("output_dir is empty; give the name of the folder to write")
-    for position, character in enumerate(output_dir, 1):
-        if unicodedata.category(character) in UNPRINTABLE_IN_A_NAME:
-            raise OutputDirRefused(
-                f"output_dir {output_dir!r} holds the unprintable character {character!r} (character {position}); "
-                "give a name without it"
-            )
+    if (found := unprintable_character(output_dir)) is not None:
+        position, character = found
+        raise OutputDirRefused(
+            f"output_dir {output_dir!r} holds the unprintable character {character!r} (character {position}); "
+            "give a name without it"
+        )
     folder = Path(os.path.realpath(output_dir))
     cwd, home = os.getcwd(), os.path.expanduser("~")  # "~" where no home folder is known
     kept = [(cwd, f"the working folder {cwd}"), (home, f"the home folder {home}")]

@@ -2,7 +2,6 @@
 
 import os
 import shlex
-import unicodedata
 from collections import Counter
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 
 from hf_vanilla_transformer.errors import one_line
-from hf_vanilla_transformer.files import UNPRINTABLE_IN_A_NAME, InputError
+from hf_vanilla_transformer.files import UNPRINTABLE_IN_A_NAME, InputError, unprintable_character
 from hf_vanilla_transformer.tools.markdown import code_literal
 
 # What a model folder is, ours (run_translation.py) or an export of it: the only files a push uploads. A pattern
@@ -111,11 +110,11 @@ def check_printable(name: str, what: str) -> None:
     """Refuse `name` (an InputError naming it as `what`) if it holds a character that would break its line in a
     listing or a message (`--dry_run`'s, where a line break in a name forges the next line), hide in it, or that
     is not UTF-8."""
-    for position, character in enumerate(name, 1):
-        if unicodedata.category(character) in UNPRINTABLE_IN_A_FILE_NAME:
-            raise InputError(
-                f"{what} {name!r} holds the unprintable character {character!r} (character {position}); rename it"
-            )
+    if (found := unprintable_character(name, UNPRINTABLE_IN_A_FILE_NAME)) is not None:
+        position, character = found
+        raise InputError(
+            f"{what} {name!r} holds the unprintable character {character!r} (character {position}); rename it"
+        )
 
 
 def human_size(size: int) -> str:
