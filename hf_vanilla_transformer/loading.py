@@ -5,7 +5,6 @@ that names the file or folder and what is wrong, before memory is spent on it an
 raises becomes a `ModelFolderError`. docs/loading.md lists which checks are ours and which are transformers'.
 """
 
-import contextlib
 import json
 import logging
 import math
@@ -15,7 +14,7 @@ from typing import NamedTuple
 
 from huggingface_hub.errors import StrictDataclassError
 
-from hf_vanilla_transformer.errors import first_line, one_line
+from hf_vanilla_transformer.errors import first_line, one_line, transformers_lines_left_out
 from hf_vanilla_transformer.hardware import check_torch_device, default_device
 
 CONFIG_NAME = "config.json"
@@ -113,7 +112,9 @@ def load_model(model_path: str, device: str | None = None, dtype=None, attn_impl
         raise ModelFolderError(f"{config_file}: {first_line(error)}") from None
     check_config_fits(config, model_path, dtype)
     try:
-        with load_report_left_out():
+        # transformers' load report is a line for each missing, unexpected or mis-shaped weight (thousands for a
+        # config of thousands of layers): this function says the same in one line, below
+        with transformers_lines_left_out("transformers.modeling_utils", "LOAD REPORT"):
             model, report = AutoModelForSeq2SeqLM.from_pretrained(
                 model_path,
                 config=config,
@@ -147,23 +148,6 @@ def load_model(model_path: str, device: str | None = None, dtype=None, attn_impl
 def first_few(names: list[str], shown: int = 3) -> str:
     """The first `shown` names, and how many more there are."""
     return ", ".join(names[:shown]) + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
-
-
-@contextlib.contextmanager
-def load_report_left_out():
-    """transformers' log without its load report, the table of each missing, unexpected or mis-shaped weight (a
-    line each: thousands for a config of thousands of layers): `load_model` says the same in one line."""
-    from transformers.utils import logging as transformers_logging
-
-    def not_the_load_report(record: logging.LogRecord) -> bool:
-        return "LOAD REPORT" not in record.getMessage()
-
-    modeling_logger = transformers_logging.get_logger("transformers.modeling_utils")  # the one that logs the report
-    modeling_logger.addFilter(not_the_load_report)
-    try:
-        yield
-    finally:
-        modeling_logger.removeFilter(not_the_load_report)
 
 
 def check_config_fits(config, model_path: str, dtype=None) -> None:

@@ -131,15 +131,31 @@ def healthy_run(tmp_path_factory):
     umask (022: files readable by all unless made private), and the log records of WARNING and above it left."""
     output = tmp_path_factory.mktemp("healthy") / "run"
     warnings = RecordsAtOrAbove(logging.WARNING)
-    logging.getLogger().addHandler(warnings)
+    # transformers' records stop at its own logger unless the environment says CI: the handler goes on both
+    listened = [logging.getLogger(), logging.getLogger("transformers")]
+    for logger in listened:
+        logger.addHandler(warnings)
     umask = os.umask(0o022)
     try:
-        trainer = train_with_checkpoints(output, save_total_limit=2, average_last_checkpoints=2)
+        trainer = train_with_checkpoints(
+            output, save_total_limit=2, average_last_checkpoints=2, callbacks=[SayWhatTransformersRotationSays()]
+        )
         trainer.save_final_model()
     finally:
         os.umask(umask)
-        logging.getLogger().removeHandler(warnings)
+        for logger in listened:
+            logger.removeHandler(warnings)
     return output, warnings.records
+
+
+class SayWhatTransformersRotationSays(TrainerCallback):
+    """At each save, logs what transformers' rotation logs (`warning_once`, so once a process: a test cannot count
+    on being the first to make it) for checkpoints written less than a second after the oldest kept one."""
+
+    def on_save(self, args, state, control, **kwargs):
+        logging.getLogger("transformers.trainer_utils").warning(
+            "mtime may not be reliable on this filesystem, falling back to numerical ordering"
+        )
 
 
 class RecordsAtOrAbove(logging.Handler):
@@ -155,6 +171,22 @@ def test_a_healthy_run_with_frequent_checkpoints_logs_no_warning(healthy_run):
     output, warnings = healthy_run
     assert [f"{r.levelname} {r.name}: {r.getMessage()}" for r in warnings] == []
     assert sorted(p.name for p in output.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-8"]
+
+
+def test_transformers_lines_are_left_out_only_while_training(tmp_path):
+    said = RecordsAtOrAbove(logging.WARNING)
+    rotation_logger = logging.getLogger("transformers.trainer_utils")
+    rotation_logger.addHandler(said)
+    try:
+        train_with_checkpoints(tmp_path / "run", callbacks=[SayWhatTransformersRotationSays()])
+        rotation_logger.warning("mtime may not be reliable on this filesystem, falling back to numerical ordering")
+        rotation_logger.warning("another line")
+    finally:
+        rotation_logger.removeHandler(said)
+    assert [record.getMessage() for record in said.records] == [
+        "mtime may not be reliable on this filesystem, falling back to numerical ordering",
+        "another line",
+    ]
 
 
 def test_training_args_which_may_hold_a_hub_token_are_private_to_their_owner(healthy_run):

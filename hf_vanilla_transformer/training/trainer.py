@@ -22,6 +22,7 @@ from transformers.trainer_callback import TrainerState
 from transformers.trainer_pt_utils import nested_truncate
 from transformers.trainer_utils import EvalLoopOutput, TrainOutput, get_last_checkpoint
 
+from hf_vanilla_transformer.errors import transformers_lines_left_out
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
 from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler, row_lengths
 from hf_vanilla_transformer.training.callbacks import (
@@ -135,7 +136,11 @@ class TranslationTrainer(Seq2SeqTrainer):
                     f"resume_from_checkpoint {resumed}: no moving average of the weights to go on from, {missing}"
                 )
             self.moving_average.resume_from = resumed
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        # transformers' rotation orders checkpoints by modification time and, where the oldest and newest are less
+        # than a second apart, says mtime "may not be reliable on this filesystem": false of any filesystem for
+        # checkpoints written quickly, and beside the point here, where `save_model` rotates by step first
+        with transformers_lines_left_out("transformers.trainer_utils", "mtime may not be reliable"):
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def save_model(self, output_dir: str | None = None, *args, **kwargs) -> None:
         """`Trainer.save_model`, which the Trainer also calls first when it writes a checkpoint. `training_args.bin`
