@@ -24,13 +24,13 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from hf_vanilla_transformer.loading import load_model_and_tokenizer
-from hf_vanilla_transformer.tools.inspection import attention_maps, decoding_steps
+from hf_vanilla_transformer.tools.inspection import decoding_steps, source_labels
 from hf_vanilla_transformer.tools.visualize import (
     DPI,
     LABELLED_TOKENS,
     MAX_FIGURE_INCHES,
     STEP_COLUMNS,
-    cross_attention_figure,
+    decoded_attention_figure,
     steps_table,
 )
 
@@ -81,7 +81,7 @@ def translation_page(
     def translate(source: str):
         try:
             return answer(source)
-        finally:  # its maps, steps and figure are garbage now
+        finally:  # its steps and figure are garbage now
             release_memory()
 
     def answer(source: str):
@@ -94,12 +94,12 @@ def translation_page(
         if not source.strip():  # as vanilla-translate and the pipeline: an empty sentence, an empty translation
             return "", None, []
         try:
-            # the picture is drawn and every layer's maps let go before the beam search's steps are recorded: a
-            # long sentence's maps and steps are never held at once
-            maps = attention_maps(model, tokenizer, source)
-            translation, picture = maps.translation, pixels(cross_attention_figure(maps))
-            del maps
-            steps, _ = decoding_steps(model, tokenizer, source, num_beams=model.generation_config.num_beams or 1)
+            # one search: the picture is drawn from the last-layer attention rows its steps recorded, not from a
+            # second search and a pass that returns every layer's attentions
+            steps, translation = decoding_steps(
+                model, tokenizer, source, num_beams=model.generation_config.num_beams or 1
+            )
+            picture = pixels(decoded_attention_figure(steps, source_labels(tokenizer, model, source)))
         except ValueError as error:
             raise gr.Error(str(error), print_exception=False) from None
         return translation, picture, steps_table(steps)

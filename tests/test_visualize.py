@@ -20,20 +20,26 @@ from hf_vanilla_transformer.tools.inspection import (
     AttentionMaps,
     DecodingStep,
     Hypothesis,
+    TokensSoFar,
     attention_maps,
     decoding_steps,
+    source_labels,
     token_labels,
 )
 from hf_vanilla_transformer.tools.visualize import (
     AXIS_TITLES,
     COLOR_LEGEND,
+    SO_FAR_CHARACTERS,
     WINNER,
     attention_figure,
     attention_page,
     axis_labels,
+    cross_attention_figure,
+    decoded_attention_figure,
     format_steps,
     kind_figure,
     save_figure,
+    so_far_text,
     steps_table,
     warning_lines,
     write_attention_pictures,
@@ -306,6 +312,18 @@ def test_the_beam_search_is_a_tree_with_one_winner_the_translation():
     assert len(path) == int(winner["id"].split(".")[0]) and path[-1] == winner["id"]
 
 
+def test_a_long_hypothesis_shows_its_end_and_says_it_is_cut():
+    tokens = None
+    for token in ["Ein", " Mann", *[" und"] * 30, "."]:
+        tokens = TokensSoFar(tokens, token)
+    assert list(reversed(tokens)) == list(tokens)[::-1]
+    text = "".join(tokens)
+    assert so_far_text(tokens) == "…" + json.dumps(text[-SO_FAR_CHARACTERS:], ensure_ascii=False)
+    assert so_far_text(["Ein", " Mann", "."]) == '"Ein Mann."'
+    exactly = ["x" * (SO_FAR_CHARACTERS - 1), "y"]
+    assert so_far_text(exactly) == json.dumps("".join(exactly))
+
+
 def test_tables_quote_tokens_so_that_spaces_and_commas_show():
     hypotheses = [
         Hypothesis(["Ein"], "Ein", 0.9, -0.1, [("Ein", 0.9), (" ", 0.05)], "A", [1.0]),
@@ -389,6 +407,32 @@ def test_tokens_cannot_break_out_of_the_page():
     page = attention_page(maps)
     assert page.count("<script") == 2 and "<b>bold</b>" not in page
     assert page_data(page)["kinds"]["encoder_self_attention"]["columns"][0] == maps.source_tokens[0]
+
+
+def drawn(figure) -> np.ndarray:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())
+
+
+def test_the_picture_from_the_steps_is_the_picture_of_a_second_pass():
+    """What the demo draws from one search's recorded rows is the picture `vanilla-attention` and the card draw from a
+    second pass over the translation: same title, axes, labels and size, and the same colours."""
+    model, tokenizer, source, settings = beam_search_example()
+    model.set_attn_implementation("eager")
+    steps, _ = decoding_steps(model, tokenizer, source, **settings)
+    from_steps = decoded_attention_figure(steps, source_labels(tokenizer, model, source))
+    second_pass = cross_attention_figure(attention_maps(model, tokenizer, source, **settings))
+    for ours, theirs in zip(from_steps.axes, second_pass.axes, strict=True):
+        assert ours.get_title() == theirs.get_title() and ours.get_xlabel() == theirs.get_xlabel()
+        assert ours.get_ylabel() == theirs.get_ylabel()
+        assert [t.get_text() for t in ours.get_yticklabels()] == [t.get_text() for t in theirs.get_yticklabels()]
+        assert [t.get_text() for t in ours.get_xticklabels()] == [t.get_text() for t in theirs.get_xticklabels()]
+    ours, theirs = drawn(from_steps), drawn(second_pass)
+    assert ours.shape == theirs.shape
+    assert np.abs(ours.astype(int) - theirs.astype(int)).max() <= 1  # a rounding of the last bit at most
 
 
 def test_format_steps_is_a_table_with_a_row_per_hypothesis(model_and_tokenizer):

@@ -5,7 +5,7 @@ encoder-decoder attention (Figure 1). `attention_maps` returns all three, for ev
 translation the model produces or for a given target read with teacher forcing (as in training).
 `decoding_steps` replays `generate()` (greedy or Section 6.1's beam search) and tells, at each step, the
 hypotheses kept, each linked to the one it extends, the alternatives with their probabilities and where the
-encoder-decoder attention looked;
+encoder-decoder attention looked (last layer, mean over heads: `winning_path` gives the translation's rows);
 `teacher_forced_steps` tells the same of a given target, with the probability the model gave each of its tokens.
 
 Attention weights come from the eager attention path only (PyTorch's fused `sdpa` kernel does not return them): for
@@ -95,6 +95,11 @@ def encode_sentence(text: str, parameter: str, tokenizer, model, as_target: bool
     return dict(encoded.to(model.device))
 
 
+def source_labels(tokenizer, model, source: str) -> list[str]:
+    """The tokens of `source` as `decoding_steps` and `attention_maps` read it, as a reader would write them."""
+    return token_labels(tokenizer, encode_sentence(source, "source", tokenizer, model)["input_ids"][0])
+
+
 def check_top_k(top_k: int, model) -> None:
     """Refuse a number of alternatives a step cannot have: at least one, at most the vocabulary."""
     if not 1 <= top_k <= model.config.vocab_size:
@@ -179,6 +184,34 @@ def attention_maps(
     )
 
 
+class StepRows:
+    """What one decoding step gives of a kind, its rows, kept for every step in one buffer that doubles when full. A
+    step's rows are copied in: a long search makes a few allocations, not several a step, since small blocks kept
+    from every step would sit between the key-value cache's growing ones and keep the memory allocator from reusing
+    the space they leave (a thousand-step beam search held gigabytes)."""
+
+    def __init__(self):
+        self.buffer: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, rows: torch.Tensor) -> None:
+        if self.buffer is None:
+            self.buffer = rows.new_empty((16, *rows.shape))
+        elif self.length == len(self.buffer):
+            bigger = self.buffer.new_empty((2 * len(self.buffer), *rows.shape))
+            bigger[: self.length] = self.buffer
+            self.buffer = bigger
+        self.buffer[self.length] = rows
+        self.length += 1
+
+    def __len__(self) -> int:
+        return self.length
+
+    def on_cpu(self) -> torch.Tensor:
+        """The rows of every step, (steps, *rows' shape), on the CPU, without the buffer's free end (none: empty)."""
+        return torch.empty(0) if self.buffer is None else self.buffer[: self.length].to("cpu", copy=True)
+
+
 class _StepRecorder(LogitsProcessor):
     """Records what `decoding_steps` shows of each step of `generate()`, and nothing more, so that what it keeps
     grows with the length, not with its square: as a forward hook, each row's top-k, log-probability of `</s>` and
@@ -186,16 +219,17 @@ class _StepRecorder(LogitsProcessor):
     forward, with the sequences of its rows: for beam search, the beams it kept), the row each row extends in the
     step before, the token it added and that token's log-probability, read from the step before's distribution,
     which is then dropped. The last step's distribution stays: a hypothesis the length limit ended may end there
-    with any token."""
+    with any token. Each is a `StepRows`, on the model's device."""
 
     def __init__(self, top_k: int, eos_token_id: int):
         self.top_k, self.eos_token_id = top_k, eos_token_id
-        self.top: list = []  # per step: the top_k log-probabilities of each row and their tokens
-        self.eos_log_probabilities: list[torch.Tensor] = []  # per step: (rows,)
-        self.attention: list[torch.Tensor] = []  # per step: (rows, source)
-        self.parents: list[torch.Tensor] = []  # per step after the first: the row of the step before each row extends
-        self.tokens: list[torch.Tensor] = []  # per step after the first: the token each row added
-        self.token_log_probabilities: list[torch.Tensor] = []  # per step before the last: (rows of the next step,)
+        self.top_log_probabilities = StepRows()  # per step: the top_k log-probabilities of each row, best first
+        self.top_tokens = StepRows()  # per step: their tokens
+        self.eos_log_probabilities = StepRows()  # per step: (rows,)
+        self.attention = StepRows()  # per step: (rows, source)
+        self.parents = StepRows()  # per step after the first: the row of the step before each row extends
+        self.tokens = StepRows()  # per step after the first: the token each row added
+        self.token_log_probabilities = StepRows()  # per step before the last: (rows of the next step,)
         self.log_probabilities: torch.Tensor | None = None  # the latest step's, (rows, vocabulary)
         self.sequences: torch.Tensor | None = None  # the latest step's rows
         self.pending: torch.Tensor | None = None  # the distribution of the forward whose rows come next
@@ -207,9 +241,11 @@ class _StepRecorder(LogitsProcessor):
 
     def record_outputs(self, module, inputs, outputs) -> None:
         log_probabilities = outputs.logits[:, -1].float().log_softmax(-1)
-        self.top.append(log_probabilities.topk(self.top_k))
+        top = log_probabilities.topk(self.top_k)
+        self.top_log_probabilities.append(top.values)
+        self.top_tokens.append(top.indices)
         self.eos_log_probabilities.append(log_probabilities[:, self.eos_token_id])
-        self.attention.append(outputs.cross_attentions[-1][:, :, -1, :].mean(1).float().cpu())
+        self.attention.append(outputs.cross_attentions[-1][:, :, -1, :].mean(1).float())
         self.pending = log_probabilities
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
@@ -218,9 +254,9 @@ class _StepRecorder(LogitsProcessor):
             same = (input_ids[:, None, :-1] == self.sequences[None]).all(-1)
             parents = same.shape[1] - 1 - same.flip(1).int().argmax(1)
             tokens = input_ids[:, -1]
-            self.parents.append(parents.cpu())
-            self.tokens.append(tokens.cpu())
-            self.token_log_probabilities.append(self.log_probabilities[parents, tokens].cpu())
+            self.parents.append(parents)
+            self.tokens.append(tokens)
+            self.token_log_probabilities.append(self.log_probabilities[parents, tokens])
         self.sequences, self.log_probabilities = input_ids.clone(), self.pending
         return scores
 
@@ -248,11 +284,13 @@ class TokensSoFar(Sequence):
         return self.length
 
     def __iter__(self):
-        tokens, link = [], self
+        return reversed(list(reversed(self)))
+
+    def __reversed__(self):  # the last token first, each once: Sequence's would index, copying the list each time
+        link = self
         while link is not None:
-            tokens.append(link.last)
+            yield link.last
             link = link.before
-        return reversed(tokens)
 
     def __getitem__(self, index):
         return list(self)[index]
@@ -307,24 +345,32 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
     ended_at = {}  # step index -> the returned hypotheses that wrote their last token there
     for sequence in returned:
         ended_at.setdefault(len(sequence) - 2, []).append(sequence)
-    last = len(recorder.top) - 1
+    top_log_probabilities, top_tokens = recorder.top_log_probabilities.on_cpu(), recorder.top_tokens.on_cpu()
+    parents, tokens_added = recorder.parents.on_cpu().tolist(), recorder.tokens.on_cpu().tolist()
+    token_log_probabilities = recorder.token_log_probabilities.on_cpu().tolist()
+    last = len(top_log_probabilities) - 1
     root = returned[0][:1]  # `<s>`, which every row of the first step holds
-    running = [root] * len(recorder.top[0].values)
+    running = [root] * top_log_probabilities.shape[1]
     # the hypotheses of the step before -> their index, tokens and log-probability
     previous: dict[tuple, tuple[int | None, TokensSoFar | None, float]] = {root: (None, None, 0.0)}
     steps = []
-    for index, (top, eos_log_probabilities, attention) in enumerate(
-        zip(recorder.top, recorder.eos_log_probabilities, recorder.attention, strict=True)
+    for index, (top_values, top_indices, eos_log_probabilities, attention) in enumerate(
+        zip(
+            top_log_probabilities,
+            top_tokens,
+            recorder.eos_log_probabilities.on_cpu(),
+            recorder.attention.on_cpu(),
+            strict=True,
+        )
     ):
         rows = {sequence: row for row, sequence in enumerate(running)}
         # the hypotheses kept: the returned ones that ended here, then the rows of the next step
         kept = [(sequence, None) for sequence in ended_at.get(index, [])]
         if index < last:
             following = [
-                running[parent] + (token,)
-                for parent, token in zip(recorder.parents[index].tolist(), recorder.tokens[index].tolist(), strict=True)
+                running[parent] + (token,) for parent, token in zip(parents[index], tokens_added[index], strict=True)
             ]
-            kept += zip(following, recorder.token_log_probabilities[index].tolist(), strict=True)
+            kept += zip(following, token_log_probabilities[index], strict=True)
         step, positions = DecodingStep(step=index + 1), {}
         for sequence, token_log_probability in kept:
             row = rows[sequence[:-1]]
@@ -348,7 +394,7 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
                     alternatives=[
                         (label(token_id), probability)
                         for token_id, probability in zip(
-                            top.indices[row].tolist(), top.values[row].exp().tolist(), strict=True
+                            top_indices[row].tolist(), top_values[row].exp().tolist(), strict=True
                         )
                     ],
                     looked_at=source_tokens[int(weights.argmax())],
@@ -364,6 +410,20 @@ def decoding_steps(model, tokenizer, source: str, num_beams: int = 1, top_k: int
         if index < last:
             running = following
     return steps, tokenizer.decode(returned[0], skip_special_tokens=True)
+
+
+def winning_path(steps: list[DecodingStep]) -> list[Hypothesis]:
+    """The hypotheses of the translation `generate()` returned, one a step from the first: the winner and those it
+    extends. Their `attention` rows are the encoder-decoder attention of the translation's tokens (last layer, mean
+    over heads), those `attention_maps` reads of it in a second pass."""
+    for index in reversed(range(len(steps))):
+        winners = [hypothesis for hypothesis in steps[index].hypotheses if hypothesis.winner]
+        if winners:
+            path = winners
+            for step in reversed(steps[:index]):
+                path.append(step.hypotheses[path[-1].parent])
+            return path[::-1]
+    raise ValueError("the steps hold no winner: they are not decoding_steps' of one search")
 
 
 def teacher_forced_steps(maps: AttentionMaps) -> list[DecodingStep]:

@@ -23,6 +23,7 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from hf_vanilla_transformer.tools.inspection import (
     DecodingStep,
     Hypothesis,
     attention_maps,
+    winning_path,
 )
 
 # fonts with CJK characters that matplotlib falls back to for labels DejaVu Sans cannot draw
@@ -147,6 +149,9 @@ def attention_figure(
             vmin=0.0,
             vmax=1.0,
             interpolation="antialiased",
+            # smoothing the weights, then colouring: smoothing the colours holds four channels at the picture's
+            # size, several times over (matplotlib's choice for a picture under 3 pixels a cell)
+            interpolation_stage="data",
             aspect="equal" if full_size else "auto",
         )
         axes.set_xticks(column_ticks, column_tick_labels, rotation=90)
@@ -210,10 +215,24 @@ def write_card_picture(model, tokenizer, source: str, output_dir: str) -> str | 
     return save_figure(cross_attention_figure(maps), os.path.join(output_dir, CARD_PICTURE))
 
 
+# what the picture of where the decoder looked shows (the card's, the demo's)
+WHERE_THE_DECODER_LOOKED = "last layer, mean over heads"
+
+
 def cross_attention_figure(maps: AttentionMaps):
     """The picture of where the decoder looked: the encoder-decoder attention of the last layer, mean over heads."""
     weights = maps.weights["encoder_decoder_attention"][-1].mean(0)
-    return kind_figure(maps, "encoder_decoder_attention", weights, "last layer, mean over heads")
+    return kind_figure(maps, "encoder_decoder_attention", weights, WHERE_THE_DECODER_LOOKED)
+
+
+def decoded_attention_figure(steps: list[DecodingStep], source_tokens: list[str]):
+    """`cross_attention_figure` of the translation `decoding_steps` found, from the rows its steps recorded
+    (`winning_path`), without a second pass over the model; `source_tokens`: `source_labels`'."""
+    path = winning_path(steps)
+    weights = np.stack([hypothesis.attention.numpy() for hypothesis in path])
+    kind = "encoder_decoder_attention"
+    title = f"{ATTENTION_KINDS[kind]}, {WHERE_THE_DECODER_LOOKED}"
+    return attention_figure(weights, list(path[-1].tokens), source_tokens, title, AXIS_TITLES[kind])
 
 
 def check_selection(maps: AttentionMaps, layer: int | None, head: int | None) -> None:
@@ -295,15 +314,32 @@ def outcomes(steps: list[DecodingStep]) -> list[list[str]]:
     return result
 
 
+# The tables and the tree show a hypothesis so far whole up to SO_FAR_CHARACTERS characters, else its end after
+# "…": what a decoding's steps show then grows with their number, not with its square
+SO_FAR_CHARACTERS = 60
+
+
+def so_far_text(tokens: Sequence[str]) -> str:
+    """The text of `tokens`, quoted: whole up to SO_FAR_CHARACTERS characters, else `…` and its last ones. Reads the
+    tokens from the last, as far as it shows."""
+    tail, length = [], 0
+    for token in reversed(tokens):
+        tail.append(token)
+        length += len(token)
+        if length > SO_FAR_CHARACTERS:
+            return "…" + quoted("".join(reversed(tail))[-SO_FAR_CHARACTERS:])
+    return quoted("".join(reversed(tail)))
+
+
 def alternatives_text(hypothesis: Hypothesis) -> str:
     return ", ".join(f"{quoted(token)} {probability:.2f}" for token, probability in hypothesis.alternatives)
 
 
 def steps_table(steps: list[DecodingStep]) -> list[list[str]]:
     """Rows of a table of the decoding, one per hypothesis (STEP_COLUMNS): step, its number among the step's
-    hypotheses (best first) and that of the one it extends in the step before, the hypothesis so far, the token
-    added, its probability, the log-probability of the hypothesis, the top alternatives, where the encoder-decoder
-    attention looked and what became of it. Tokens are quoted."""
+    hypotheses (best first) and that of the one it extends in the step before, the hypothesis so far
+    (`so_far_text`), the token added, its probability, the log-probability of the hypothesis, the top alternatives,
+    where the encoder-decoder attention looked and what became of it. Tokens are quoted."""
     rows = []
     for step, step_outcomes in zip(steps, outcomes(steps), strict=True):
         for number, (hypothesis, outcome) in enumerate(zip(step.hypotheses, step_outcomes, strict=True), start=1):
@@ -312,7 +348,7 @@ def steps_table(steps: list[DecodingStep]) -> list[list[str]]:
                     str(step.step),
                     str(number),
                     "" if hypothesis.parent is None else str(hypothesis.parent + 1),
-                    quoted("".join(hypothesis.tokens)),
+                    so_far_text(hypothesis.tokens),
                     quoted(hypothesis.token),
                     f"{hypothesis.probability:.3f}",
                     f"{hypothesis.log_probability:.2f}",
@@ -381,7 +417,7 @@ def beam_tree(steps: list[DecodingStep]) -> str:
         hypothesis, outcome = steps[index].hypotheses[number], marks[index][number]
         parent = "" if hypothesis.parent is None else f"{index}.{hypothesis.parent + 1}"
         classes = " ".join(name for name, on in (("path", key in on_path), ("leaf", key not in children)) if on)
-        ending = f" <b class=outcome>{html.escape(outcome)}</b> {html.escape(quoted(''.join(hypothesis.tokens)))}"
+        ending = f" <b class=outcome>{html.escape(outcome)}</b> {html.escape(so_far_text(hypothesis.tokens))}"
         return (
             f'<li data-id="{index + 1}.{number + 1}" data-parent="{parent}" class="{classes}" '
             f'title="top alternatives: {html.escape(alternatives_text(hypothesis))}">'
