@@ -1,6 +1,8 @@
-"""The README's "The model in Python" block runs as written (in a scratch folder: it saves `my-transformer`), and
-the Chinese page's commands do."""
+"""The README's "The model in Python" block runs as written (in a scratch folder: it saves `my-transformer`), the
+Chinese page's commands do, and every name the docs' Python blocks import from the package is there."""
 
+import ast
+import importlib
 import re
 import shlex
 import subprocess
@@ -19,6 +21,29 @@ def python_block(heading: str) -> str:
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split(f"## {heading}\n", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+
+
+def documented_imports() -> list[tuple[str, str, str]]:
+    """(Markdown file, module, name) for each name a Python block of the README or docs/ imports from the package."""
+    found = []
+    for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL):
+            for node in ast.walk(ast.parse(block)):
+                if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "hf_vanilla_transformer":
+                    found += [(page.name, node.module, alias.name) for alias in node.names]
+    return found
+
+
+def test_every_name_the_docs_import_from_the_package_is_there():
+    imports = documented_imports()
+    assert {page for page, _, _ in imports} >= {"README.md", "looking-inside.md"}
+    missing = []
+    for page, module, name in imports:
+        try:
+            getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as error:
+            missing.append(f"{page}: from {module} import {name}: {error}")
+    assert missing == []
 
 
 def test_the_model_in_python_runs_as_written(tmp_path, monkeypatch):
