@@ -2,6 +2,12 @@
 
 Importing the package registers the model with transformers' auto classes, so `AutoConfig`, `AutoModel` and
 `AutoModelForSeq2SeqLM` load folders whose config says `"model_type": "vanilla_transformer"`.
+
+- model/: what every saved folder carries (the configuration, the model, its pipeline);
+- errors.py, files.py, hardware.py, extras.py, loading.py: one concept each, for every layer above;
+- training/: the paper's recipe on transformers' Trainer;
+- tools/: what one does with a trained folder (translate, steer, export, look inside, share);
+- cli/: the command lines.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM

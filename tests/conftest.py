@@ -30,8 +30,8 @@ from support.runs import CHINESE_RUN, TINY_RUN, TrainedRun
 atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
 
 # The tests' models are tiny: one thread runs them as fast as two, and beside another busy process (the other test
-# worker: two on two cores) torch's two threads wait on each other: a quick-tier test took 90 s instead of 10, a
-# training subprocess 81 s instead of 39. So one thread, here and, through OMP_NUM_THREADS, in every subprocess.
+# worker: two on two cores) torch's two threads wait on each other, several times slower. So one thread, here and,
+# through OMP_NUM_THREADS, in every subprocess.
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
@@ -92,7 +92,7 @@ def built_once(tmp_path_factory, worker_id: str, name: str, build) -> TrainedRun
 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory, worker_id) -> TrainedRun:
-    """run_translation.py on a Multi30k slice (about 10 s), with --push_to_hub intercepted at the Hub boundary."""
+    """run_translation.py on a Multi30k slice, with --push_to_hub intercepted at the Hub boundary."""
 
     def train(folder):
         import run_translation
@@ -117,7 +117,7 @@ def trained_run(tmp_path_factory, worker_id) -> TrainedRun:
 
 @pytest.fixture(scope="session")
 def chinese_run(tmp_path_factory, worker_id) -> TrainedRun:
-    """run_translation.py English→Chinese on a Tatoeba slice (about 25 s)."""
+    """run_translation.py English→Chinese on a Tatoeba slice."""
 
     def train(folder):
         import run_translation

@@ -1,5 +1,6 @@
-"""hf_vanilla_transformer.checkpoints: which checkpoints are complete, rotation by step, averaging (Section 6.1) and
-the command vanilla-average-checkpoints, which writes the mean of a run's newest checkpoints as a model folder."""
+"""hf_vanilla_transformer.training.checkpoints: which checkpoints are complete, rotation by step, averaging (Section
+6.1) and the command vanilla-average-checkpoints, which writes the mean of a run's newest checkpoints as a model
+folder."""
 
 import json
 import logging

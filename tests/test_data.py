@@ -1,5 +1,5 @@
-"""hf_vanilla_transformer.data: reading translation JSON lines, plain text and `datasets` folders, with errors that
-name the file and line (or the dataset row) of the first bad input."""
+"""hf_vanilla_transformer.training.data: reading translation JSON lines, plain text and `datasets` folders, with
+errors that name the file and line (or the dataset row) of the first bad input."""
 
 import json
 import re

@@ -1,5 +1,5 @@
-"""hf_vanilla_transformer.export_marian: our model as transformers' own MarianMTModel computes what ours does, and its
-folder loads with plain transformers."""
+"""hf_vanilla_transformer.tools.export_marian: our model as transformers' own MarianMTModel computes what ours does,
+and its folder loads with plain transformers."""
 
 import json
 

@@ -99,6 +99,19 @@ def test_whitespace_around_a_sentence_and_empty_sentences_alike_everywhere(folde
         attention_main(["--model", str(folder), "--source", " ", "--output_dir", str(tmp_path / "none")])
 
 
+def test_each_blank_text_gets_translations_of_its_own(folder):
+    """A caller may edit what it is given: one blank text's translations are not another's, nor each other."""
+    translator = TranslationPipeline(
+        model=AutoModelForSeq2SeqLM.from_pretrained(folder), tokenizer=AutoTokenizer.from_pretrained(folder)
+    )
+    results = translator(["", " ", SENTENCE], num_beams=2, num_return_sequences=2)
+    results[0][0]["translation_text"] = "edited"
+    assert [[hypothesis["translation_text"] for hypothesis in result] for result in results[:2]] == [
+        ["edited", ""],
+        ["", ""],
+    ]
+
+
 def test_a_hub_id_is_read_from_the_cache_like_a_folder(folder, tmp_path, monkeypatch, capsys):
     """The cache as huggingface_hub lays out a download (offline: the tests never reach the Hub)."""
     from support.hub import hub_snapshot

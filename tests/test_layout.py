@@ -11,7 +11,10 @@ package, each layer imports only the layers below it, and no module imports anot
 """
 
 import ast
+import configparser
 import graphlib
+import importlib
+import re
 from pathlib import Path
 
 from support.paths import REPO_ROOT
@@ -89,3 +92,45 @@ def test_the_check_sees_relative_imports_and_imports_inside_functions():
         in GRAPH["hf_vanilla_transformer.model.configuration_vanilla_transformer"]
     )  # `from .pipeline_translation import ...`
     assert "hf_vanilla_transformer.tools.translate" in GRAPH["hf_vanilla_transformer.cli.translate"]
+
+
+def test_each_package_docstring_names_what_it_holds():
+    """Every folder's docstring names each of its modules; the package's, each folder and base module; the command
+    lines', each console script with its module."""
+    unnamed = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        docstring = importlib.import_module(module_name(init)).__doc__ or ""
+        held = [path.name for path in init.parent.glob("*.py") if path.name != "__init__.py"]
+        held += [f"{path.parent.name}/" for path in init.parent.glob("*/__init__.py")]
+        unnamed += [f"{module_name(init)}: {name}" for name in held if name not in docstring]
+    setup = configparser.ConfigParser()
+    setup.read(REPO_ROOT / "setup.cfg")
+    commands = setup["options.entry_points"]["console_scripts"].strip().splitlines()
+    cli = importlib.import_module("hf_vanilla_transformer.cli").__doc__
+    for command in commands:
+        name, target = (part.strip() for part in command.split("="))
+        module = target.split(":")[0].rsplit(".", 1)[1]
+        if f"{name}: {module}.py" not in " ".join(cli.split()):
+            unnamed.append(f"hf_vanilla_transformer.cli: {name} ({module}.py)")
+    assert unnamed == []
+
+
+def test_every_dotted_name_of_the_package_that_the_code_and_docs_give_exists():
+    """A module, or a name in one, written as `hf_vanilla_transformer.X.Y` in the code, tests, benchmarks, demo or
+    docs (CHANGELOG.md, which keeps history, aside) is there to import."""
+    places = [*PACKAGE.rglob("*.py"), *(REPO_ROOT / "tests").rglob("*.py"), *(REPO_ROOT / "bench").rglob("*.py")]
+    places += [*(REPO_ROOT / "demo").glob("*.py"), *(REPO_ROOT / "docs").glob("*.md"), *REPO_ROOT.glob("*.md")]
+    missing = set()
+    for place in places:
+        if place.name == "CHANGELOG.md":
+            continue
+        for name in re.findall(r"\bhf_vanilla_transformer(?:\.[a-z_0-9]+)+", place.read_text(encoding="utf-8")):
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                module, attribute = name.rsplit(".", 1)
+                try:
+                    getattr(importlib.import_module(module), attribute)
+                except (ImportError, AttributeError):
+                    missing.add(f"{place.relative_to(REPO_ROOT)}: {name}")
+    assert sorted(missing) == []

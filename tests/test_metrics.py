@@ -1,4 +1,5 @@
-"""hf_vanilla_transformer.metrics: sacreBLEU and chrF as a local `evaluate` module, and scoring generate() output."""
+"""hf_vanilla_transformer.training.metrics: sacreBLEU and chrF as a local `evaluate` module, and scoring generate()
+output."""
 
 import importlib.util
 import re

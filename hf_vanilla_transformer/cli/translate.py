@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--threads",
         type=positive_int,
-        help="CPU threads: torch's (default 1, as fast as two on an idle CPU and twice as fast beside another job), "
-        "or for a CTranslate2 folder batches in parallel, one thread each (default: one a core).",
+        help="CPU threads: torch's (default 1), or for a CTranslate2 folder batches in parallel, one thread each "
+        "(default: one a core).",
     )
     parser.add_argument(
         "--dtype",

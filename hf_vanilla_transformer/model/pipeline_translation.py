@@ -189,8 +189,9 @@ class TranslationPipeline(Pipeline):
         empty = {"translation_text": ""}
         if kwargs.get("return_scores"):
             empty.update(score=None, log_probability=None, token_log_probs=None)
-        empties = [empty] * (kwargs.get("num_return_sequences") or 1)
-        return [empties if is_blank else next(translated) for is_blank in blank]
+        count = kwargs.get("num_return_sequences") or 1
+        # a list and dicts of its own for each blank text: a caller may edit what it is given
+        return [[dict(empty) for _ in range(count)] if is_blank else next(translated) for is_blank in blank]
 
     def preprocess(self, text: str, truncation: bool = True):
         if not isinstance(text, str):

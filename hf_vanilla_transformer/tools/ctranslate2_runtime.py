@@ -61,8 +61,8 @@ class CTranslate2Translator(Translator):
         suppressed = self.tokenizer.convert_ids_to_tokens(generation.suppress_tokens or [])
         self.suppress_sequences = [[token] for token in suppressed]
         self.avoiding: dict[tuple, list[list[str]]] = {}
-        # on a CPU, one batch per core, each on one thread, beats all cores on one batch: 2.3x here for int8
-        # (BENCHMARKS.md); a call hands over several batches so that every worker has one
+        # on a CPU, one batch per core, each on one thread, beats all cores on one batch (BENCHMARKS.md has the
+        # figures); a call hands over several batches so that every worker has one
         on_cpu = device.type == "cpu"
         inter_threads = inter_threads or (os.cpu_count() if on_cpu else 1)
         intra_threads = intra_threads or (1 if on_cpu else 0)

@@ -50,7 +50,7 @@ def train_shared_bpe(
     """Train one BPE vocabulary of (at most) `vocab_size` tokens over `sentences`, streamed into the Rust trainer.
 
     `sentences` is any iterable of strings, for example both sides of the training corpus
-    (`hf_vanilla_transformer.data.file_sentences`); errors raised while iterating propagate unchanged.
+    (`hf_vanilla_transformer.training.data.file_sentences`); errors raised while iterating propagate unchanged.
     `model_max_length` is what `truncation=True` cuts to: the model's `max_position_embeddings`. `normalization` is
     the Unicode normal form text is put in before encoding (NFKC: compatibility characters such as full-width
     letters and punctuation become their plain forms; NFC: text stays as written). `split_han`: each Han
