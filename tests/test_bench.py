@@ -4,6 +4,8 @@ import ast
 import subprocess
 import sys
 
+import pytest
+
 from support.paths import REPO_ROOT
 
 BENCH = REPO_ROOT / "bench"
@@ -22,6 +24,7 @@ def test_the_command_lists_every_benchmark_with_its_first_line():
     assert "  recipe  " in listed and "Levers of a recipe" in listed
 
 
+@pytest.mark.slow  # two processes that import torch and transformers
 def test_a_name_runs_that_benchmark_and_an_unknown_one_is_refused():
     shown = bench("recipe", "--help")
     assert shown.returncode == 0 and "--match_steps" in shown.stdout

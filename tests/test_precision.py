@@ -146,6 +146,7 @@ with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON_CREATION):
 """
 
 
+@pytest.mark.slow  # 1,200 shapes' kernels built twice in a process of its own
 @pytest.mark.parametrize("capacity", [None, "1024"], ids=["ours", "the user's"])
 def test_onednn_keeps_the_kernels_of_every_batch_shape_unless_the_user_says_otherwise(capacity):
     environment = {key: value for key, value in os.environ.items() if key != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
