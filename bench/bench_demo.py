@@ -166,7 +166,7 @@ def main() -> None:
     text, tokens = longest_text(args.model, args.word, load_app().CHARACTERS_PER_POSITION)
     if args.words is not None:
         text = " ".join(text.split()[: args.words])
-        tokens = None
+        tokens = len(load_tokenizer(args.model)(text, verbose=False)["input_ids"])
     results = {
         "machine": machine(),
         "model": os.path.relpath(args.model, REPO_ROOT),
