@@ -204,9 +204,6 @@ class StepRows:
         self.buffer[self.length] = rows
         self.length += 1
 
-    def __len__(self) -> int:
-        return self.length
-
     def on_cpu(self) -> torch.Tensor:
         """The rows of every step, (steps, *rows' shape), on the CPU, without the buffer's free end (none: empty)."""
         return torch.empty(0) if self.buffer is None else self.buffer[: self.length].to("cpu", copy=True)

@@ -167,7 +167,11 @@ def kind_figure(maps: AttentionMaps, kind: str, weights, which: str):
     """`weights` (one layer's head or mean) of attention `kind`, labelled with its tokens; `which` says the layer
     and head in the title."""
     rows, columns = axis_labels(maps, kind)
-    return attention_figure(weights, rows, columns, f"{ATTENTION_KINDS[kind]}, {which}", AXIS_TITLES[kind])
+    return attention_figure(weights, rows, columns, kind_title(kind, which), AXIS_TITLES[kind])
+
+
+def kind_title(kind: str, which: str) -> str:
+    return f"{ATTENTION_KINDS[kind]}, {which}"
 
 
 # matplotlib's warning for each character its fonts cannot draw
@@ -231,7 +235,7 @@ def decoded_attention_figure(steps: list[DecodingStep], source_tokens: list[str]
     path = winning_path(steps)
     weights = np.stack([hypothesis.attention.numpy() for hypothesis in path])
     kind = "encoder_decoder_attention"
-    title = f"{ATTENTION_KINDS[kind]}, {WHERE_THE_DECODER_LOOKED}"
+    title = kind_title(kind, WHERE_THE_DECODER_LOOKED)
     return attention_figure(weights, list(path[-1].tokens), source_tokens, title, AXIS_TITLES[kind])
 
 
