@@ -23,8 +23,7 @@ from importlib.metadata import version
 import torch
 
 from bench.common import MULTI30K, machine, write_results
-from hf_vanilla_transformer.loading import load_model_and_tokenizer
-from hf_vanilla_transformer.tools.alignment import (
+from hf_vanilla_transformer.decoding.alignment import (
     METHODS,
     TARGET_POSITIONS,
     grow_diag_final_and,
@@ -32,6 +31,7 @@ from hf_vanilla_transformer.tools.alignment import (
     parse_alignment,
     word_attentions,
 )
+from hf_vanilla_transformer.loading import load_model_and_tokenizer
 from hf_vanilla_transformer.training.data import read_translation_file
 
 SPLITS = ("train", "validation", "test")

@@ -54,9 +54,9 @@ from bench.common import (
     write_results,
 )
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.export.ctranslate2 import export
 from hf_vanilla_transformer.hardware import cpu_has_bf16_units
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import VanillaTransformerDropout
-from hf_vanilla_transformer.tools.export_ctranslate2 import export
 
 
 def autocast_loss(model, batch):

@@ -27,9 +27,15 @@ import regex as re
 import torch
 
 from bench.common import MULTI30K, add_repetitions, interleaved_medians, machine, write_results
+from hf_vanilla_transformer.decoding.constraints import constrained_beam_search, constrained_beams
+from hf_vanilla_transformer.decoding.words import (
+    UNSPACED_CHARACTER,
+    UNSPACED_SCRIPTS,
+    TokenWords,
+    encode_phrases,
+    holds,
+)
 from hf_vanilla_transformer.loading import load_model_and_tokenizer
-from hf_vanilla_transformer.tools.constraints import constrained_beam_search, constrained_beams
-from hf_vanilla_transformer.tools.words import UNSPACED_CHARACTER, UNSPACED_SCRIPTS, TokenWords, encode_phrases, holds
 from hf_vanilla_transformer.training.data import read_translation_file
 from hf_vanilla_transformer.training.metrics import load_translation_metric
 

@@ -36,10 +36,11 @@ import sacrebleu
 import torch
 
 from bench.common import add_repetitions, in_own_process, machine, marian_like, multi30k_pairs, write_results
+from hf_vanilla_transformer.engines.ctranslate2 import CTranslate2Translator
+from hf_vanilla_transformer.engines.generate import ModelTranslator
+from hf_vanilla_transformer.export.ctranslate2 import CARRIED_FILES, export
 from hf_vanilla_transformer.loading import load_tokenizer
-from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
-from hf_vanilla_transformer.tools.export_ctranslate2 import CARRIED_FILES, export
-from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
+from hf_vanilla_transformer.translation.lines import translate_lines
 
 WORKER_MODULE = "bench.bench_ctranslate2"
 QUANTIZATIONS = ("float32", "int8")

@@ -22,8 +22,8 @@ import sacrebleu
 import torch
 
 from bench.common import MULTI30K, REPO_ROOT, machine, write_results
+from hf_vanilla_transformer.decoding.ensemble import TranslationEnsemble, load_ensemble
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
-from hf_vanilla_transformer.tools.ensemble import TranslationEnsemble, load_ensemble
 from hf_vanilla_transformer.training.data import read_translation_file
 
 

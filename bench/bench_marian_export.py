@@ -14,10 +14,11 @@ import tempfile
 import torch
 
 from bench.common import MULTI30K, machine, write_results
-from hf_vanilla_transformer.tools.export_marian import export
-from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
+from hf_vanilla_transformer.engines.generate import ModelTranslator
+from hf_vanilla_transformer.export.marian import export
 from hf_vanilla_transformer.training.data import read_translation_file
 from hf_vanilla_transformer.training.metrics import load_translation_metric
+from hf_vanilla_transformer.translation.lines import translate_lines
 
 
 def main():

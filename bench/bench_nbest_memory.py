@@ -34,7 +34,7 @@ def worker(model: str, sentences: int, n_best: int) -> dict:
         if n_best:
             main([*flags, "--n_best", str(n_best), "--format", "jsonl"])
         else:  # the baseline: load the model, translate nothing
-            from hf_vanilla_transformer.tools.translate import load_translator
+            from hf_vanilla_transformer.engines.registry import load_translator
 
             load_translator(model, "cpu")
         seconds = time.perf_counter() - start

@@ -25,10 +25,12 @@ import time
 import sacrebleu
 
 from bench.common import REPO_ROOT, add_repetitions, in_own_process, machine, multi30k_pairs, write_results
-from hf_vanilla_transformer.tools import export_ctranslate2, export_onnx
-from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
-from hf_vanilla_transformer.tools.onnx_runtime import OnnxTranslator
-from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
+from hf_vanilla_transformer.engines.ctranslate2 import CTranslate2Translator
+from hf_vanilla_transformer.engines.generate import ModelTranslator
+from hf_vanilla_transformer.engines.onnx import OnnxTranslator
+from hf_vanilla_transformer.export import ctranslate2 as export_ctranslate2
+from hf_vanilla_transformer.export import onnx as export_onnx
+from hf_vanilla_transformer.translation.lines import translate_lines
 
 BATCH_SIZE = 64
 NODE_SCRIPT = os.path.join(REPO_ROOT, "demo", "web", "translate.mjs")

@@ -140,7 +140,7 @@ def marian_like(config: VanillaTransformerConfig, **overrides):
     then `overrides` (MarianConfig arguments, e.g. `forced_eos_token_id`)."""
     from transformers import MarianConfig, MarianMTModel
 
-    from hf_vanilla_transformer.tools.export_marian import marian_config
+    from hf_vanilla_transformer.export.marian import marian_config
 
     marian = marian_config(config)
     marian.update({"init_std": MarianConfig().init_std, **overrides})

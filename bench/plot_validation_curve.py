@@ -19,7 +19,7 @@ import json
 import os
 
 from bench.common import REPO_ROOT, machine, write_results
-from hf_vanilla_transformer.tools.visualize import save_figure
+from hf_vanilla_transformer.inspection.pictures import save_figure
 
 
 def evaluations(run_folder: str) -> tuple[list[tuple[float, float]], float]:

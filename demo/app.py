@@ -23,9 +23,8 @@ import gradio as gr
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from hf_vanilla_transformer.loading import load_model_and_tokenizer
-from hf_vanilla_transformer.tools.inspection import decoding_steps, source_labels
-from hf_vanilla_transformer.tools.visualize import (
+from hf_vanilla_transformer.inspection.capture import decoding_steps, source_labels
+from hf_vanilla_transformer.inspection.pictures import (
     DPI,
     LABELLED_TOKENS,
     MAX_FIGURE_INCHES,
@@ -33,6 +32,7 @@ from hf_vanilla_transformer.tools.visualize import (
     decoded_attention_figure,
     steps_table,
 )
+from hf_vanilla_transformer.loading import load_model_and_tokenizer
 
 EXAMPLES = ["A man is sleeping.", "Two dogs are playing in the snow.", "A woman in a red dress is singing."]
 # the system's fonts: the default theme would fetch one from Google Fonts, and a demo must work offline

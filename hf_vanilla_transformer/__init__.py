@@ -3,11 +3,18 @@
 Importing the package registers the model with transformers' auto classes, so `AutoConfig`, `AutoModel` and
 `AutoModelForSeq2SeqLM` load folders whose config says `"model_type": "vanilla_transformer"`.
 
+A folder a job, each importing only the folders listed before it (tests/test_layout.py has the exact rule):
 - model/: what every saved folder carries (the configuration, the model, its pipeline);
-- errors.py, files.py, hardware.py, extras.py, loading.py: one concept each, for every layer above;
+- errors.py, files.py, formats.py, hardware.py, extras.py, loading.py: one concept each, for every folder below;
 - training/: the paper's recipe on transformers' Trainer;
-- tools/: what one does with a trained folder (translate, steer, export, look inside, share);
-- cli/: the command lines.
+- decoding/: the decoding features (prefixes, constraints, phrases to avoid, alignments, ensembles, forced decoding);
+- engines/: what translates a folder (our model's generate(), CTranslate2, ONNX Runtime), behind one interface;
+- translation/: translating and scoring files of lines with any engine, and the one output module;
+- inspection/: attention and decoding step by step, captured and drawn;
+- sharing/: the model card and the Hub;
+- export/: CTranslate2, Marian and ONNX exports;
+- cli/: the command lines;
+- tools/: former import paths, kept for one release.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM

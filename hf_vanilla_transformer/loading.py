@@ -15,10 +15,9 @@ from typing import NamedTuple
 from huggingface_hub.errors import StrictDataclassError
 
 from hf_vanilla_transformer.errors import first_line, one_line, transformers_lines_left_out
+from hf_vanilla_transformer.formats import CONFIG_NAME, MODEL_FILES, WEIGHTS_NAME
 from hf_vanilla_transformer.hardware import check_torch_device, default_device
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 RUN_RECORD = "run_record.json"  # what the run that trained the model did (training/run.py), which its card shows
 
 logger = logging.getLogger(__name__)
@@ -50,20 +49,11 @@ def load_ours(model_path: str):
     return load_model_and_tokenizer(model_path, "cpu", dtype="float32")
 
 
-# What the model folders we load hold (ours, and our CTranslate2 and ONNX exports): a Hub download takes these files
-# and nothing else. No code (no folder's code is ever run here), no pickles, no checkpoints or training state.
-MODEL_FILES = [
-    CONFIG_NAME,
-    "generation_config.json",
-    WEIGHTS_NAME,
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "model.bin",  # CTranslate2
-    "shared_vocabulary.*",
-    "onnx/*.onnx",  # ONNX
-    "onnx/*.onnx_data",
-]
+def max_positions(generation_config) -> int:
+    """The most tokens a source, or a translation with its start token, may hold in the model of a folder of any kind
+    (ours or an export), as the folder's generation config records it: its `max_length` is the model's
+    `max_position_embeddings` (`length_limited_generation_config`), and every export carries that config."""
+    return generation_config.max_length
 
 
 def model_folder(model: str) -> str:

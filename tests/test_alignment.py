@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_vanilla_transformer.tools.alignment import (
+from hf_vanilla_transformer.decoding.alignment import (
     align,
     format_alignment,
     grow_diag_final_and,

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.generation import LogitsProcessorList
 
+from hf_vanilla_transformer.decoding.avoid import AvoidLogitsProcessor, ctranslate2_suppress_sequences
+from hf_vanilla_transformer.decoding.constraints import constrained_beam_search
+from hf_vanilla_transformer.decoding.words import encode_phrases, holds
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
-from hf_vanilla_transformer.tools.avoid import AvoidLogitsProcessor, ctranslate2_suppress_sequences
-from hf_vanilla_transformer.tools.constraints import constrained_beam_search
-from hf_vanilla_transformer.tools.words import encode_phrases, holds
 from support.models import german_tokenizer, tiny_model
 
 

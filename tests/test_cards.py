@@ -19,8 +19,8 @@ from markdown_it import MarkdownIt
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
 from hf_vanilla_transformer.loading import RUN_RECORD
-from hf_vanilla_transformer.tools.card import render_model_card, write_export_card, write_model_card
-from hf_vanilla_transformer.tools.markdown import code_literal, fenced_block, inline_code, markdown_text
+from hf_vanilla_transformer.sharing.card import render_model_card, write_export_card, write_model_card
+from hf_vanilla_transformer.sharing.markdown import code_literal, fenced_block, inline_code, markdown_text
 from support.files import write_dataset
 from support.hostile import FUZZ_SETTINGS
 from support.models import generate_text, letter_tokenizer, tiny_model
@@ -33,8 +33,8 @@ EXAMPLE = "a b c"
 def folders(tmp_path_factory) -> dict:
     """A tiny model folder of ours with its card (decoding beam 3, length penalty 1.0: not the paper's), named as a
     run names it (`runs/NAME`, from the folder it started in, `root`), and its CTranslate2 and Marian exports."""
-    from hf_vanilla_transformer.tools.export_ctranslate2 import export as export_ctranslate2
-    from hf_vanilla_transformer.tools.export_marian import export as export_marian
+    from hf_vanilla_transformer.export.ctranslate2 import export as export_ctranslate2
+    from hf_vanilla_transformer.export.marian import export as export_marian
 
     root = tmp_path_factory.mktemp("cards")
     # one head count, as CTranslate2 needs; 24 positions, so that the untrained model's translations end soon
@@ -125,7 +125,7 @@ def run_code(code: str, capsys) -> str:
 
 
 def test_the_ctranslate2_cards_code_translates_as_vanilla_translate(folders, capsys):
-    from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
+    from hf_vanilla_transformer.engines.ctranslate2 import CTranslate2Translator
 
     (code,) = python_blocks(how_to_use(ModelCard.load(f"{folders['ctranslate2']}/README.md")))
     assert "hf_vanilla_transformer" not in code
@@ -165,7 +165,7 @@ def test_a_runs_card_loads_its_folder_from_where_the_run_started_and_a_push_name
     `runs/NAME`. The card's code, run from there with the Hub unreachable (conftest.py), loads that folder, where
     the folder's bare name would be taken for a Hub id; pushed, the card names the repository."""
     import run_translation
-    from hf_vanilla_transformer.tools.hub import card_for
+    from hf_vanilla_transformer.sharing.hub import card_for
 
     monkeypatch.chdir(tmp_path)
     rows = [
@@ -236,14 +236,14 @@ def write_cards(tmp_path_factory):
     example (and as the example's translation), trained on `data` (its name and the training list's) to translate
     `source` (a language's name), {kind: card}: ours (render_model_card) and those of its CTranslate2, Marian and
     ONNX exports, written as each export writes its card but with no export, so that they take milliseconds."""
-    from hf_vanilla_transformer.tools import export_ctranslate2, export_marian, export_onnx
+    from hf_vanilla_transformer.export import ctranslate2, marian, onnx
 
     model = tiny_model(vocab_size=14)
     generation = GenerationConfig(num_beams=3, length_penalty=1.0, max_length=24)
     usages = {
-        "ctranslate2": export_ctranslate2.usage(generation, "int8"),
-        "marian": export_marian.usage(generation.to_dict(), 50),
-        "onnx": export_onnx.usage(50),
+        "ctranslate2": ctranslate2.usage(generation, "int8"),
+        "marian": marian.usage(generation.to_dict(), 50),
+        "onnx": onnx.usage(50),
     }
 
     def write(
@@ -420,11 +420,11 @@ def test_a_hostile_name_is_shown_as_written_in_every_cards_title_prose_and_code(
 
 
 def test_an_export_of_a_folder_with_no_card_is_titled_by_its_name_on_one_line(tmp_path):
-    from hf_vanilla_transformer.tools import export_onnx
+    from hf_vanilla_transformer.export import onnx
 
     for number, name in enumerate(HOSTILE_NAMES):
         (tmp_path / str(number)).mkdir()
-        write_export_card(str(tmp_path), str(tmp_path / str(number)), f"runs/{name}", "onnx", [], export_onnx.usage(50))
+        write_export_card(str(tmp_path), str(tmp_path / str(number)), f"runs/{name}", "onnx", [], onnx.usage(50))
         text = ModelCard.load(tmp_path / str(number) / "README.md").text
         assert markdown_shape(text, names_of(name))[:4] == [
             ("heading_open", "h1"),
@@ -438,7 +438,7 @@ def test_an_export_of_a_folder_with_no_card_is_titled_by_its_name_on_one_line(tm
 def test_a_push_renames_a_model_path_of_any_characters_in_every_cards_code(write_cards, plain_cards, tmp_path, name):
     """card_for finds the path where the card writers put it (a code literal in code blocks and spans, a shell
     word) and names the repository there instead; the rest of the card reads as it did."""
-    from hf_vanilla_transformer.tools.hub import card_for
+    from hf_vanilla_transformer.sharing.hub import card_for
 
     names = names_of(name)
     for kind, card in write_cards(EXAMPLE, names["MODEL"], names["DATA"], names["SOURCE"]).items():

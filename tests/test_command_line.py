@@ -168,7 +168,7 @@ def test_a_device_this_machine_lacks_is_one_line_before_the_model_is_read(work, 
 def test_an_option_for_the_other_kind_of_folder_or_that_the_device_lacks_is_one_line(work, tmp_path, capsys):
     import ctranslate2
 
-    from hf_vanilla_transformer.tools.ctranslate2_runtime import COMPUTE_TYPES
+    from hf_vanilla_transformer.engines.ctranslate2 import COMPUTE_TYPES
 
     supported = ctranslate2.get_supported_compute_types("cpu")
     unsupported = next(name for name in COMPUTE_TYPES if name not in ("default", "auto", *supported))

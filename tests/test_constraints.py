@@ -9,15 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
-from hf_vanilla_transformer.tools.constraints import (
+from hf_vanilla_transformer.decoding.constraints import (
     ConstraintTables,
     allocate_beam,
     constrained_beam_search,
     constrained_beams,
     meet_constraints,
 )
-from hf_vanilla_transformer.tools.words import TokenWords, encode_phrases, holds
+from hf_vanilla_transformer.decoding.words import TokenWords, encode_phrases, holds
+from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
 from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
 from support.models import EOS, PAD, beam_search_example, german_tokenizer, letter_tokenizer, tiny_model
 
@@ -310,7 +310,7 @@ def test_with_one_beam_the_search_without_constraints_is_greedy_search():
 @pytest.fixture(scope="module")
 def trained_translator(trained_run):
     """The trained run's model as vanilla-translate loads it, in float32, and 40 test2016 pairs."""
-    from hf_vanilla_transformer.tools.translate import load_translator
+    from hf_vanilla_transformer.engines.registry import load_translator
     from hf_vanilla_transformer.training.data import read_translation_file
     from support.paths import TEST
 
@@ -319,7 +319,8 @@ def trained_translator(trained_run):
 
 
 def translations(translator, sources: list[str], terms: list[list[str]] | None = None, **decoding) -> list[str]:
-    from hf_vanilla_transformer.tools.translate import Steering, translate_lines_in_full
+    from hf_vanilla_transformer.decoding.request import Steering
+    from hf_vanilla_transformer.translation.lines import translate_lines_in_full
 
     steering = Steering(constraints=terms)
     return [found[0].text for found in translate_lines_in_full(translator, sources, 8, decoding, False, steering)]

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from matplotlib.image import imread
 
-from hf_vanilla_transformer.tools.visualize import SO_FAR_CHARACTERS, STEP_COLUMNS, WINNER
+from hf_vanilla_transformer.inspection.pictures import SO_FAR_CHARACTERS, STEP_COLUMNS, WINNER
 from hf_vanilla_transformer.training.data import read_translation_file
 from support.browser import headless_chromium, served_demo
 from support.models import SENTENCES, generate_text, letter_tokenizer, tiny_model

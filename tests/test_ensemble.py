@@ -4,7 +4,7 @@ the members' log-probabilities. An ensemble of one model, or of a model with its
 import pytest
 import torch
 
-from hf_vanilla_transformer.tools.ensemble import TranslationEnsemble, load_ensemble
+from hf_vanilla_transformer.decoding.ensemble import TranslationEnsemble, load_ensemble
 from support.models import BOS, EOS, PAD, beam_search_example, letter_tokenizer, tiny_model
 
 SOURCES = ["a b c d e", "a b", "c d e f g h i j a b"]  # of different lengths: a padded batch

@@ -1,4 +1,4 @@
-"""hf_vanilla_transformer.tools.export_ctranslate2, and vanilla-translate on its folders: CTranslate2 translates as our
+"""hf_vanilla_transformer.export.ctranslate2, and vanilla-translate on its folders: CTranslate2 translates as our
 model does."""
 
 import json
@@ -8,11 +8,11 @@ import sacrebleu
 import torch
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
+from hf_vanilla_transformer.engines.ctranslate2 import CTranslate2Translator, is_ctranslate2_folder
+from hf_vanilla_transformer.export.ctranslate2 import export
 from hf_vanilla_transformer.loading import ModelFolderError
-from hf_vanilla_transformer.tools.ctranslate2_runtime import CTranslate2Translator
-from hf_vanilla_transformer.tools.export_ctranslate2 import export, is_ctranslate2_folder
-from hf_vanilla_transformer.tools.translate import translate_lines
 from hf_vanilla_transformer.training.data import read_translation_file
+from hf_vanilla_transformer.translation.lines import translate_lines
 from support.models import SENTENCES, letter_tokenizer, tiny_model
 from support.paths import MULTI30K
 

@@ -1,4 +1,4 @@
-"""hf_vanilla_transformer.tools.export_marian: our model as transformers' own MarianMTModel computes what ours does,
+"""hf_vanilla_transformer.export.marian: our model as transformers' own MarianMTModel computes what ours does,
 and its folder loads with plain transformers."""
 
 import json
@@ -7,11 +7,11 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, MarianMTModel
 
+from hf_vanilla_transformer.export.marian import export, marian_feature_order, marian_model
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     VanillaTransformerSinusoidalPositionalEncoding,
     paper_generation_config,
 )
-from hf_vanilla_transformer.tools.export_marian import export, marian_feature_order, marian_model
 from support.models import letter_tokenizer, tiny_model
 from support.processes import run_python
 

@@ -1,4 +1,4 @@
-"""hf_vanilla_transformer.tools.export_onnx and onnx_runtime: the ONNX graphs compute our logits step by step from
+"""hf_vanilla_transformer.export.onnx and onnx_runtime: the ONNX graphs compute our logits step by step from
 their own past, ONNX Runtime's greedy loop decodes as `generate(num_beams=1)` does (the per-sentence limit included),
 and the folder has the layout, names and dimensions transformers.js reads."""
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from hf_vanilla_transformer.cli.export_onnx import main
+from hf_vanilla_transformer.engines.onnx import OnnxTranslator, is_onnx_folder
+from hf_vanilla_transformer.export.onnx import export
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
-from hf_vanilla_transformer.tools.export_onnx import export
-from hf_vanilla_transformer.tools.onnx_runtime import OnnxTranslator, is_onnx_folder
 from support.models import letter_tokenizer, tiny_model
 
 SENTENCES = ["a b c d e f", "j i h", "b", "c c c c c c c c c c"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-from hf_vanilla_transformer.tools.markdown import markdown_text
+from hf_vanilla_transformer.sharing.markdown import markdown_text
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments, paper_learning_rate
 from hf_vanilla_transformer.training.run import training_table
 from support.files import write_lines
@@ -287,9 +287,9 @@ MODEL_FILES = {
 def finished_folders(tmp_path_factory) -> dict[str, Path]:
     """A tiny model folder of ours with a card and what a run adds, and its Marian and CTranslate2 exports, each
     with NOT_THE_MODEL beside its model files and a link named as a model file (vocab.json) to a file outside it."""
-    from hf_vanilla_transformer.tools.card import render_model_card
-    from hf_vanilla_transformer.tools.export_ctranslate2 import export as export_ctranslate2
-    from hf_vanilla_transformer.tools.export_marian import export as export_marian
+    from hf_vanilla_transformer.export.ctranslate2 import export as export_ctranslate2
+    from hf_vanilla_transformer.export.marian import export as export_marian
+    from hf_vanilla_transformer.sharing.card import render_model_card
 
     root = tmp_path_factory.mktemp("finished")
     model = tiny_model(vocab_size=14, decoder_attention_heads=4, max_position_embeddings=24)

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from hf_vanilla_transformer.tools.inspection import (
+from hf_vanilla_transformer.inspection.capture import (
     ATTENTION_KINDS,
     StepRows,
     attention_maps,
@@ -17,7 +17,7 @@ from hf_vanilla_transformer.tools.inspection import (
     token_labels,
     winning_path,
 )
-from hf_vanilla_transformer.tools.visualize import steps_table
+from hf_vanilla_transformer.inspection.pictures import steps_table
 from support.models import SENTENCES, beam_search_example, generate_text, letter_tokenizer, tiny_model
 from support.paths import REPO_ROOT
 from support.processes import peak_growth
@@ -289,7 +289,7 @@ def test_recording_a_long_search_takes_little_more_memory_than_the_search():
         import sys
         sys.path.insert(0, {str(REPO_ROOT / "tests")!r})
         from support.models import letter_tokenizer, tiny_model
-        from hf_vanilla_transformer.tools.inspection import decoding_steps
+        from hf_vanilla_transformer.inspection.capture import decoding_steps
         import torch
         model, tokenizer = tiny_model(vocab_size=14, d_model=256, max_position_embeddings=2048), letter_tokenizer()
         source, lengths = " ".join(["a"] * 500), dict(min_new_tokens=600, max_new_tokens=600)

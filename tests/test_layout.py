@@ -1,13 +1,19 @@
 """The package's layout shows its architecture: the model files a saved folder carries import nothing else of the
-package, each layer imports only the layers below it, and no module imports another back (no cycle).
+package, each folder imports only the folders below it, no module imports another back (no cycle), and translating a
+line imports no export, inspection or sharing code.
 
     model                the files every saved folder carries (copied flat beside the weights)
-    errors, files,       one concept each: one-line messages; reading and writing files; devices and CPU
-    hardware, extras,    probing; optional packages; checked loading of a model folder
-    loading
-    training   tools     the paper's recipe on the Trainer; what one does with a trained folder (neither imports
-                         the other)
+    errors, files,       one concept each: one-line messages; reading and writing files; the files of each format;
+    formats, hardware,   devices and CPU probing; optional packages; checked loading of a model folder
+    extras, loading
+    training  decoding   the paper's recipe on the Trainer; the decoding features (neither imports the other)
+    engines              what translates a folder, behind one interface
+    translation          files of lines translated and scored with any engine, and the one output module
+    inspection           attention and decoding step by step (may import decoding)
+    sharing              the card and the Hub (may import inspection, for the card's picture)
+    export               a module a format (may import engines, for their format names, and sharing)
     cli                  the command lines
+    tools                former import paths, kept for one release: nothing imports them
 """
 
 import ast
@@ -20,14 +26,20 @@ from pathlib import Path
 from support.paths import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "hf_vanilla_transformer"
-BASE = {"errors", "files", "hardware", "extras", "loading"}
+BASE = {"errors", "files", "formats", "hardware", "extras", "loading"}
 # what each layer may import from the package, besides itself
 MAY_IMPORT = {
     "model": set(),
     "base": {"model"},
     "training": {"model", "base"},
-    "tools": {"model", "base"},
-    "cli": {"model", "base", "training", "tools"},
+    "decoding": {"model", "base"},
+    "engines": {"model", "base", "decoding"},
+    "translation": {"model", "base", "decoding", "engines"},
+    "inspection": {"model", "base", "decoding"},
+    "sharing": {"model", "base", "decoding", "inspection"},
+    "export": {"model", "base", "decoding", "engines", "sharing", "inspection"},
+    "cli": {"model", "base", "training", "decoding", "engines", "translation", "inspection", "sharing", "export"},
+    "tools": {"model", "base", "decoding", "engines", "translation", "inspection", "sharing", "export"},
     "": {"model"},  # the package's __init__: it registers the model with transformers' auto classes
 }
 
@@ -91,7 +103,45 @@ def test_the_check_sees_relative_imports_and_imports_inside_functions():
         "hf_vanilla_transformer.model.pipeline_translation"
         in GRAPH["hf_vanilla_transformer.model.configuration_vanilla_transformer"]
     )  # `from .pipeline_translation import ...`
-    assert "hf_vanilla_transformer.tools.translate" in GRAPH["hf_vanilla_transformer.cli.translate"]
+    assert "hf_vanilla_transformer.translation.lines" in GRAPH["hf_vanilla_transformer.cli.translate"]
+
+
+def test_every_folder_has_a_layer_and_nothing_imports_the_former_paths():
+    assert {layer(module) for module in MODULES} == MAY_IMPORT.keys()
+    importers = sorted(
+        module
+        for module, imported in GRAPH.items()
+        if layer(module) != "tools" and any(layer(name) == "tools" for name in imported)
+    )
+    assert importers == []
+
+
+def imported_by(modules: set[str]) -> set[str]:
+    """The package's modules that importing `modules` loads, at their tops or inside their functions."""
+    seen, todo = set(), list(modules)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo += [name for name in GRAPH.get(module, ()) if name in MODULES] + parents(module)
+    return seen
+
+
+def parents(module: str) -> list[str]:
+    """The packages Python imports before `module`, their __init__ modules."""
+    parts = module.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts))]
+
+
+def test_translating_a_line_imports_no_export_inspection_or_sharing_code():
+    """The command that translates, everything it may call, and every engine: none reaches an export, an inspection
+    or a sharing module, even inside a function."""
+    translating = {"hf_vanilla_transformer.cli.translate", "hf_vanilla_transformer.cli.score"}
+    translating |= {module for module in MODULES if layer(module) in {"engines", "translation"}}
+    reached = imported_by(translating)
+    assert "hf_vanilla_transformer.decoding.constraints" in reached  # the check follows imports inside functions
+    assert sorted(module for module in reached if layer(module) in {"export", "inspection", "sharing", "tools"}) == []
 
 
 def test_each_package_docstring_names_what_it_holds():

@@ -4,9 +4,10 @@ source length + 50 tokens with `</s>` the last of them, which `max_new_tokens` c
 
 import pytest
 
-from hf_vanilla_transformer.tools.export_ctranslate2 import export as export_ctranslate2
-from hf_vanilla_transformer.tools.export_onnx import export as export_onnx
-from hf_vanilla_transformer.tools.translate import load_translator, translate_lines
+from hf_vanilla_transformer.engines.registry import load_translator
+from hf_vanilla_transformer.export.ctranslate2 import export as export_ctranslate2
+from hf_vanilla_transformer.export.onnx import export as export_onnx
+from hf_vanilla_transformer.translation.lines import translate_lines
 from support.models import letter_tokenizer, tiny_model
 
 # 5 and 13 tokens, and </s>: Section 6.1 lets them have 56 and 64 tokens, the last `</s>`

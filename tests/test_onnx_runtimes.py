@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from hf_vanilla_transformer.tools.export_onnx import export
-from hf_vanilla_transformer.tools.onnx_runtime import OnnxTranslator
-from hf_vanilla_transformer.tools.translate import ModelTranslator, translate_lines
+from hf_vanilla_transformer.engines.generate import ModelTranslator
+from hf_vanilla_transformer.engines.onnx import OnnxTranslator
+from hf_vanilla_transformer.export.onnx import export
 from hf_vanilla_transformer.training.data import read_translation_file
+from hf_vanilla_transformer.translation.lines import translate_lines
 from support.browser import headless_chromium
 from support.paths import MULTI30K, REPO_ROOT, TATOEBA_EN_ZH
 from support.processes import free_port

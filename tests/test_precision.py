@@ -13,10 +13,12 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_vanilla_transformer.cli import run_translation
+from hf_vanilla_transformer.engines.generate import translation_dtype
+from hf_vanilla_transformer.engines.registry import load_translator
 from hf_vanilla_transformer.hardware import ONEDNN_KERNELS_KEPT, cpu_has_bf16_units
-from hf_vanilla_transformer.tools.translate import load_translator, translate_lines, translation_dtype
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
 from hf_vanilla_transformer.training.run import prepare, train_and_evaluate
+from hf_vanilla_transformer.translation.lines import translate_lines
 from support.files import write_dataset
 from support.models import generate_text, letter_tokenizer, tiny_model
 from support.runs import TINY_MODEL_RUN

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from hf_vanilla_transformer.cli.score import main as score_main
+from hf_vanilla_transformer.decoding.alignment import align, format_alignment
+from hf_vanilla_transformer.decoding.forced_decoding import score_translations
+from hf_vanilla_transformer.engines.registry import load_translator
+from hf_vanilla_transformer.export.ctranslate2 import export
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
 from hf_vanilla_transformer.model.pipeline_translation import TranslationPipeline, length_normalized, sequence_scores
-from hf_vanilla_transformer.tools.alignment import align, format_alignment
-from hf_vanilla_transformer.tools.export_ctranslate2 import export
-from hf_vanilla_transformer.tools.scoring import score_lines, score_translations
-from hf_vanilla_transformer.tools.translate import load_translator
 from support.files import write_lines
 from support.models import EOS, beam_search_example, german_tokenizer, letter_tokenizer, tiny_model
 from support.tokenizing import LongestText
@@ -189,8 +189,8 @@ def folders(tmp_path_factory):
 def test_ctranslate2_scores_given_translations_as_the_model_does(folders):
     model_folder, ctranslate2_folder = folders
     targets = ["j i h", "b", "f f a c e d g"]
-    ours = score_lines(load_translator(model_folder, "cpu", "float32"), SOURCES, targets, batch_size=2)
-    theirs = score_lines(load_translator(ctranslate2_folder, "cpu"), SOURCES, targets, batch_size=2)
+    ours = load_translator(model_folder, "cpu", "float32").score(SOURCES, targets, batch_size=2)
+    theirs = load_translator(ctranslate2_folder, "cpu").score(SOURCES, targets, batch_size=2)
     for mine, other in zip(ours, theirs, strict=True):
         assert other.token_ids == mine.token_ids
         assert other.token_log_probs == pytest.approx(mine.token_log_probs, abs=1e-4)
@@ -202,7 +202,7 @@ def test_vanilla_score_writes_each_pairs_log_probability_or_its_whole_score(fold
     targets = ["j i h", "b", "f f a c e d g"]
     source, target = write_lines(tmp_path / "src.txt", SOURCES), write_lines(tmp_path / "tgt.txt", targets)
     common = ["--model", model_folder, "--source", source, "--target", target, "--device", "cpu", "--dtype", "float32"]
-    expected = score_lines(load_translator(model_folder, "cpu", "float32"), SOURCES, targets)
+    expected = load_translator(model_folder, "cpu", "float32").score(SOURCES, targets, batch_size=32)
     score_main([*common, "--output", str(tmp_path / "plain.txt"), "--batch_size", "2"])
     plain = (tmp_path / "plain.txt").read_text().splitlines()
     # batches of 2 pad differently from the default's one batch: float32 sums of about 10 differ in the last bits

@@ -12,20 +12,17 @@ import pytest
 import torch
 
 from hf_vanilla_transformer.cli.translate import main as translate_main
+from hf_vanilla_transformer.decoding.alignment import align
+from hf_vanilla_transformer.decoding.forced_decoding import score_translations
+from hf_vanilla_transformer.decoding.prefix import PrefixLogitsProcessor
+from hf_vanilla_transformer.decoding.request import Steering
+from hf_vanilla_transformer.engines.ctranslate2 import is_ctranslate2_folder
+from hf_vanilla_transformer.engines.onnx import is_onnx_folder
+from hf_vanilla_transformer.engines.registry import load_translator, translator_kind
+from hf_vanilla_transformer.export.ctranslate2 import export as export_ctranslate2
+from hf_vanilla_transformer.formats import ONNX_FOLDER
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import paper_generation_config
-from hf_vanilla_transformer.tools.alignment import align
-from hf_vanilla_transformer.tools.export_ctranslate2 import export as export_ctranslate2
-from hf_vanilla_transformer.tools.export_ctranslate2 import is_ctranslate2_folder
-from hf_vanilla_transformer.tools.export_onnx import ONNX_FOLDER
-from hf_vanilla_transformer.tools.onnx_runtime import is_onnx_folder
-from hf_vanilla_transformer.tools.prefix import PrefixLogitsProcessor
-from hf_vanilla_transformer.tools.scoring import score_translations
-from hf_vanilla_transformer.tools.translate import (
-    Steering,
-    load_translator,
-    translate_lines_in_full,
-    translator_kind,
-)
+from hf_vanilla_transformer.translation.lines import translate_lines_in_full
 from support.models import german_tokenizer, letter_tokenizer, tiny_model
 from support.tokenizing import LongestText
 
@@ -421,20 +418,22 @@ def test_every_route_scores_a_prefix_as_part_of_the_translation(folders):
 def test_vanilla_score_of_the_tokens_jsonl_gives_is_the_n_best_lists_own(
     folders, tmp_path, capsys, models, dtype, tolerance
 ):
-    """vanilla-translate --format jsonl, then vanilla-score on the tokens it wrote: every hypothesis' log-probability
-    and score again, for a model or an ensemble; in bfloat16 the same kernels give the same figure."""
+    """vanilla-translate --format jsonl, then vanilla-score on the tokens it wrote: every hypothesis' log-probability,
+    score and alignment again, for a model or an ensemble; in bfloat16 the same kernels give the same figure."""
     from hf_vanilla_transformer.cli.score import main as score_main
 
     paths = [folders[name] for name in models]
     translated, scored = tmp_path / "out.jsonl", tmp_path / "scored.jsonl"
     model_and_input = ["--model", *paths, "--dtype", dtype]
-    translate_main([*model_and_input, "--input", folders["input"], "--n_best", "3", "--format", "jsonl"])
+    asked = ["--n_best", "3", "--format", "jsonl", "--alignments"]
+    translate_main([*model_and_input, "--input", folders["input"], *asked])
     translated.write_text(capsys.readouterr().out)
     given = ["--source", folders["input"], "--target", str(translated), "--target_format", "jsonl", "--format", "jsonl"]
-    score_main([*model_and_input, *given, "--output", str(scored)])
+    score_main([*model_and_input, *given, "--alignments", "--output", str(scored)])
     for line, again in zip(translated.read_text().splitlines(), scored.read_text().splitlines(), strict=True):
         hypotheses, rescored = strict_json(line)["translations"], strict_json(again)["translations"]
         assert [h["tokens"] for h in rescored] == [h["tokens"] for h in hypotheses]
+        assert [h["alignment"] for h in rescored] == [h["alignment"] for h in hypotheses]
         for field in ("log_probability", "score"):
             assert [h[field] for h in rescored] == pytest.approx([h[field] for h in hypotheses], abs=tolerance)
     # a length penalty of one's own, as marian-scorer and sockeye-score take it
@@ -585,12 +584,12 @@ def test_a_long_n_best_list_is_searched_a_few_sentences_at_a_time_and_one_that_c
     through 8 searches of 4 (the encoder sees those batches, and the forced decoding that scores their 40 hypotheses
     each), and every sentence gets its list; a request that cannot fit one sentence on this machine is refused,
     naming the memory it needs."""
-    from hf_vanilla_transformer.tools import translate
+    from hf_vanilla_transformer.engines import generate
 
     translator = load_translator(folders["first"], "cpu", "float32")
     lines = [source for source in SOURCES if source] * 8
     longest = max(len(ids) for ids in translator.tokenizer(lines)["input_ids"])
-    monkeypatch.setattr(translate, "SEARCH_MEMORY", 4 * translator.search_bytes(1, longest, 40))
+    monkeypatch.setattr(generate, "SEARCH_MEMORY", 4 * translator.search_bytes(1, longest, 40))
     batches = []
     hook = translator.model.get_encoder().register_forward_pre_hook(
         lambda module, args, kwargs: batches.append(kwargs["input_ids"].shape[0]), with_kwargs=True

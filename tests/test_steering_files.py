@@ -8,8 +8,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hf_vanilla_transformer.tools.steering_files import MARKUP, read_avoid, read_constraints, read_prefixes
-from hf_vanilla_transformer.tools.translator import SteeringError
+from hf_vanilla_transformer.decoding.request import SteeringError
+from hf_vanilla_transformer.translation.steering_files import MARKUP, read_avoid, read_constraints, read_prefixes
 from support.files import write_bytes_lines
 from support.hostile import FUZZ_SETTINGS, HOSTILE_LINES, JSON_VALUES, RAW_LINES, assert_one_line_error
 

@@ -15,9 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hf_vanilla_transformer.cli.translate import main as translate_main
-from hf_vanilla_transformer.tools.steering_files import read_lines
-from hf_vanilla_transformer.tools.translate import load_translator, translate_lines
+from hf_vanilla_transformer.engines.registry import load_translator
 from hf_vanilla_transformer.training.data import read_translation_file
+from hf_vanilla_transformer.translation.lines import translate_lines
+from hf_vanilla_transformer.translation.steering_files import read_lines
 from support.files import write_lines
 from support.hostile import FUZZ_SETTINGS, RAW_LINES, read_fuzzed_file
 from support.models import SENTENCES, generate_text

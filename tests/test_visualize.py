@@ -15,18 +15,18 @@ from matplotlib.colors import to_hex, to_rgb
 from matplotlib.image import imread
 
 from hf_vanilla_transformer.cli.attention import main as attention_main
-from hf_vanilla_transformer.tools.inspection import (
+from hf_vanilla_transformer.inspection.capture import (
     ATTENTION_KINDS,
     AttentionMaps,
     DecodingStep,
-    Hypothesis,
+    PartialTranslation,
     TokensSoFar,
     attention_maps,
     decoding_steps,
     source_labels,
     token_labels,
 )
-from hf_vanilla_transformer.tools.visualize import (
+from hf_vanilla_transformer.inspection.pictures import (
     AXIS_TITLES,
     COLOR_LEGEND,
     SO_FAR_CHARACTERS,
@@ -326,8 +326,8 @@ def test_a_long_hypothesis_shows_its_end_and_says_it_is_cut():
 
 def test_tables_quote_tokens_so_that_spaces_and_commas_show():
     hypotheses = [
-        Hypothesis(["Ein"], "Ein", 0.9, -0.1, [("Ein", 0.9), (" ", 0.05)], "A", [1.0]),
-        Hypothesis(["Ein", ","], ",", 0.5, -0.8, [(",", 0.5), (" Mann", 0.3)], " man", [1.0], parent=0),
+        PartialTranslation(["Ein"], "Ein", 0.9, -0.1, [("Ein", 0.9), (" ", 0.05)], "A", [1.0]),
+        PartialTranslation(["Ein", ","], ",", 0.5, -0.8, [(",", 0.5), (" Mann", 0.3)], " man", [1.0], parent=0),
     ]
     steps = [DecodingStep(1, hypotheses[:1]), DecodingStep(2, hypotheses[1:])]
     assert steps_table(steps)[1][1:5] == ["1", "1", '"Ein,"', '","']

@@ -15,15 +15,15 @@ def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
     import warnings
 
-    from hf_vanilla_transformer.loading import load_model_and_tokenizer
-    from hf_vanilla_transformer.tools.inspection import attention_maps, decoding_steps, teacher_forced_steps
-    from hf_vanilla_transformer.tools.visualize import (
+    from hf_vanilla_transformer.inspection.capture import attention_maps, decoding_steps, teacher_forced_steps
+    from hf_vanilla_transformer.inspection.pictures import (
         attention_page,
         check_selection,
         format_steps,
         warning_lines,
         write_attention_pictures,
     )
+    from hf_vanilla_transformer.loading import load_model_and_tokenizer
 
     parser = CommandParser(
         prog="vanilla-attention",

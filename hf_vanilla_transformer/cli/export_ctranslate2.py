@@ -9,7 +9,7 @@ from hf_vanilla_transformer.files import OutputDirRefused
 
 def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
-    from hf_vanilla_transformer.tools.export_ctranslate2 import QUANTIZATIONS, export
+    from hf_vanilla_transformer.export.ctranslate2 import QUANTIZATIONS, export
 
     parser = CommandParser(
         prog="vanilla-export-ctranslate2",

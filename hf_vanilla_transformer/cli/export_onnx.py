@@ -10,7 +10,7 @@ from hf_vanilla_transformer.files import OutputDirRefused
 
 def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
-    from hf_vanilla_transformer.tools.export_onnx import export
+    from hf_vanilla_transformer.export.onnx import export
 
     parser = CommandParser(
         prog="vanilla-export-onnx",

@@ -22,7 +22,7 @@ class RefuseToken(argparse.Action):
 
 def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
-    from hf_vanilla_transformer.tools.hub import (
+    from hf_vanilla_transformer.sharing.hub import (
         check_hub_login,
         human_size,
         model_files,

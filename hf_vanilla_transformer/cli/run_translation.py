@@ -22,8 +22,8 @@ from huggingface_hub.errors import StrictDataclassError
 from hf_vanilla_transformer.cli.flags import FlagParser, expand_recipe, flag_name
 from hf_vanilla_transformer.errors import exit_refused, one_line
 from hf_vanilla_transformer.files import OutputDirRefused
-from hf_vanilla_transformer.tools.card import write_model_card
-from hf_vanilla_transformer.tools.hub import check_hub_login, push_model_folder
+from hf_vanilla_transformer.sharing.card import write_model_card
+from hf_vanilla_transformer.sharing.hub import check_hub_login, push_model_folder
 from hf_vanilla_transformer.training.arguments import (
     DataTrainingArguments,
     ModelArguments,

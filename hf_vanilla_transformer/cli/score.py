@@ -1,6 +1,4 @@
-"""vanilla-score: the model's score of given translations, one pair a line of two files (tools/scoring.py)."""
-
-import json
+"""vanilla-score: the model's score of given translations, one pair a line of two files (translation/scoring.py)."""
 
 from hf_vanilla_transformer.cli.flags import (
     CommandParser,
@@ -20,12 +18,13 @@ def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
     import torch
 
+    from hf_vanilla_transformer.decoding.ensemble import MembersDiffer
+    from hf_vanilla_transformer.decoding.forced_decoding import check_pairs
+    from hf_vanilla_transformer.engines.registry import check_scoring, translator_loader
     from hf_vanilla_transformer.files import InputError
-    from hf_vanilla_transformer.tools.ensemble import MembersDiffer
-    from hf_vanilla_transformer.tools.export_ctranslate2 import is_ctranslate2_folder
-    from hf_vanilla_transformer.tools.scoring import check_pairs, read_hypotheses, rescored
-    from hf_vanilla_transformer.tools.steering_files import read_lines
-    from hf_vanilla_transformer.tools.translate import format_translations, translator_loader, write_lines
+    from hf_vanilla_transformer.translation.output import OUTPUT_FORMATS, format_translations, write_lines
+    from hf_vanilla_transformer.translation.scoring import read_hypotheses, rescored
+    from hf_vanilla_transformer.translation.steering_files import read_lines
 
     parser = CommandParser(
         prog="vanilla-score",
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--format",
-        choices=["plain", "jsonl"],
+        choices=OUTPUT_FORMATS,
         default="plain",
         help="plain: each pair's log-probability, one a line (jsonl targets: vanilla-translate's n-best lines, "
         "`line ||| translation ||| score ||| log-probability`); jsonl: a JSON object a line with log_probability, "
@@ -90,15 +89,18 @@ def main(argv: list[str] | None = None) -> None:
         "attention: after ' ||| ' in plain output, as \"alignment\" in jsonl (model folders).",
     )
     args = parser.parse_args(argv)
-    if args.alignments and any(is_ctranslate2_folder(model) for model in args.model):
-        parser.error(f"argument --alignments: for model folders; {args.model[0]} is a CTranslate2 folder")
+    for asked, flag in (("scores", "--model"), ("alignments", "--alignments")):
+        try:
+            check_scoring(args.model, [asked] if asked == "scores" or args.alignments else [])
+        except ValueError as error:
+            parser.error(f"argument {flag}: {error}")
     if args.source == args.target == "-":
         parser.error("argument --target: --source already reads standard input; give one of them as a file")
     check_output_is_not_an_input(parser, args.output, {"--source": args.source, "--target": args.target})
     with reported(parser.prog):
         torch.set_num_threads(args.threads or 1)  # one intra-op thread by default, as vanilla-translate
         # what the model's folder refuses before the input is read, and bad input before the model is loaded
-        load_translator = translator_loader(args.model, args.device, args.dtype, args.threads)
+        loading = translator_loader(args.model, args.device, args.dtype, args.threads)
         names = (file_name(args.source), file_name(args.target))
         sources = read_lines(args.source)
         try:
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         except (ValueError, InputError) as error:
             parser.exit(2, f"{parser.prog}: error: {error}\n")
         try:
-            translator = load_translator()
+            translator = loading()
         except MembersDiffer as error:
             parser.error(str(error))
         if args.target_format == "jsonl":
@@ -129,35 +131,14 @@ def file_name(path: str) -> str:
 
 def score_texts(translator, sources: list[str], targets: list[str], args, names: tuple[str, str]) -> list[str]:
     """The output lines for a translation a line: its log-probability, or its whole score as JSON."""
-    from hf_vanilla_transformer.tools.alignment import align, format_alignment
-    from hf_vanilla_transformer.tools.scoring import score_lines
+    from hf_vanilla_transformer.decoding.alignment import format_alignment
+    from hf_vanilla_transformer.translation.output import format_scores
 
-    scores = score_lines(translator, sources, targets, args.batch_size, names, args.length_penalty)
+    scores = translator.score(sources, targets, args.batch_size, names, args.length_penalty)
     alignments = [None] * len(scores)
     if args.alignments:
-        pairs = align(translator.aligner, translator.tokenizer, sources, targets, batch_size=args.batch_size)
-        alignments = [format_alignment(aligned) for aligned in pairs]
-    if args.format == "plain":
-        return [
-            str(score.log_probability) if alignment is None else f"{score.log_probability} ||| {alignment}"
-            for score, alignment in zip(scores, alignments, strict=True)
-        ]
-    return [
-        json_line(score, translator.tokenizer, alignment) for score, alignment in zip(scores, alignments, strict=True)
-    ]
-
-
-def json_line(score, tokenizer, alignment: str | None = None) -> str:
-    """A pair's `SequenceScore` as one JSON object, its tokens as the tokenizer spells them, and its alignment."""
-    tokens = tokenizer.convert_ids_to_tokens(score.token_ids)
-    fields = {
-        "log_probability": score.log_probability,
-        "score": score.score,
-        "tokens": tokens,
-        "token_log_probs": score.token_log_probs,
-    }
-    fields |= {"alignment": alignment} if alignment is not None else {}
-    return json.dumps(fields, ensure_ascii=False, allow_nan=False)
+        alignments = [format_alignment(pairs) for pairs in translator.align(sources, targets, args.batch_size)]
+    return format_scores(scores, translator.tokenizer, alignments, args.format)
 
 
 if __name__ == "__main__":

@@ -21,28 +21,20 @@ def main(argv: list[str] | None = None) -> None:
     """The command: `argv` as on the command line (default: sys.argv[1:])."""
     import torch
 
+    from hf_vanilla_transformer.decoding.ensemble import MembersDiffer
+    from hf_vanilla_transformer.decoding.request import Steering, SteeringError
+    from hf_vanilla_transformer.decoding.words import PHRASE_MATCHES
+    from hf_vanilla_transformer.engines.ctranslate2 import COMPUTE_TYPES
+    from hf_vanilla_transformer.engines.registry import check_request, translator_kind, translator_loader
     from hf_vanilla_transformer.loading import load_tokenizer, model_folder
-    from hf_vanilla_transformer.tools.ctranslate2_runtime import COMPUTE_TYPES
-    from hf_vanilla_transformer.tools.ensemble import MembersDiffer
-    from hf_vanilla_transformer.tools.steering_files import (
+    from hf_vanilla_transformer.translation.lines import check_steering_of, translate_lines_in_full
+    from hf_vanilla_transformer.translation.output import OUTPUT_FORMATS, format_translations, write_lines
+    from hf_vanilla_transformer.translation.steering_files import (
         check_line_counts,
         check_steering_texts,
         read_lines,
         read_steering_files,
     )
-    from hf_vanilla_transformer.tools.translate import (
-        OUTPUT_FORMATS,
-        Steering,
-        SteeringError,
-        check_request,
-        check_steering_of,
-        format_translations,
-        translate_lines_in_full,
-        translator_kind,
-        translator_loader,
-        write_lines,
-    )
-    from hf_vanilla_transformer.tools.words import PHRASE_MATCHES
 
     parser = CommandParser(
         prog="vanilla-translate",
@@ -200,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
             steering = read_steering_files(steering, args.prefix, args.constraints, args.avoid)
         except SteeringError as error:
             parser.error(str(error))
-        load_translator = translator_loader(
+        loading = translator_loader(
             args.model,
             args.device,
             args.dtype,
@@ -223,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.seed is not None:  # before the translator starts: CTranslate2 seeds its workers as it starts them
             translator_kind(args.model).set_seed(args.seed)
         try:  # an ensemble's members are compared before any weights are read (load_ensemble)
-            translator = load_translator()
+            translator = loading()
         except MembersDiffer as error:
             parser.error(str(error))
         beams = generate_kwargs.get("num_beams", translator.num_beams)
@@ -248,8 +240,9 @@ def translate_stream(translator, steering, args, generate_kwargs: dict, layout: 
     output written and flushed at once, so that a program can write a line and wait for its translation; to
     `--output` a file, the whole output at the end. Per-line files are checked as the input goes."""
     from hf_vanilla_transformer.files import decoded_lines
-    from hf_vanilla_transformer.tools.steering_files import check_line_counts
-    from hf_vanilla_transformer.tools.translate import format_translations, translate_lines_in_full, write_lines
+    from hf_vanilla_transformer.translation.lines import translate_lines_in_full
+    from hf_vanilla_transformer.translation.output import format_translations, write_lines
+    from hf_vanilla_transformer.translation.steering_files import check_line_counts
 
     size, buffered, written, kept = args.buffer_size or 1, [], 0, []
 

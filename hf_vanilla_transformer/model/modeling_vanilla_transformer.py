@@ -775,9 +775,10 @@ def source_length_limit(
         return None
     decoder_input_ids = kwargs.get("decoder_input_ids")
     prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.shape[1]
-    limits = (
-        source_lengths(inputs, kwargs, model.config.pad_token_id, model.device) + max_new_tokens_over_source
-    ).clamp(max=model.config.max_position_embeddings - prompt_length)
+    sources = source_lengths(inputs, kwargs, model.config.pad_token_id, model.device)
+    limits = length_limits(
+        sources, model.config.max_position_embeddings, max_new_tokens_over_source, None, prompt_length
+    )
     eos_token_id = next(
         value
         for value in (
@@ -807,6 +808,24 @@ def source_lengths(inputs: torch.Tensor | None, kwargs: dict, pad_token_id: int,
     else:  # no source at all: transformers encodes a one-token source, `<s>`
         return torch.ones(1, dtype=torch.long, device=device)
     return torch.full((states.shape[0],), states.shape[1], device=states.device)
+
+
+def length_limits(
+    source_lengths: torch.LongTensor,
+    positions: int,
+    max_new_tokens_over_source: int | None,
+    max_new_tokens: int | None = None,
+    prompt_length: int = 1,
+) -> torch.LongTensor:
+    """Section 6.1's rule, the one place it is computed: the most tokens each source of `source_lengths` tokens may
+    be translated into, `</s>` included. That is its length (at most the `positions`) + `max_new_tokens_over_source`
+    (None: no such limit), within what the positions leave after the decoder's `prompt_length` start tokens, and
+    within `max_new_tokens` (None: no such limit). Every route decodes by it: our `generate()` (`source_length_limit`),
+    constrained beam search, CTranslate2, ONNX Runtime and the checks of prefixes and constraints."""
+    limits = torch.full_like(source_lengths, positions - prompt_length)
+    if max_new_tokens_over_source is not None:
+        limits = torch.minimum(limits, source_lengths.clamp(max=positions) + max_new_tokens_over_source)
+    return limits if max_new_tokens is None else limits.clamp(max=max_new_tokens)
 
 
 def max_new_tokens_over_source_of(generation_config: GenerationConfig) -> int | None:

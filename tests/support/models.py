@@ -121,7 +121,7 @@ GERMAN = [
 def german_tokenizer():
     """A byte-level BPE over a few German sentences, as `train_bpe.py` trains one, and its `TokenWords`: words at a
     sentence's start and after a space are spelled apart, and some are pieces of longer ones."""
-    from hf_vanilla_transformer.tools.words import TokenWords
+    from hf_vanilla_transformer.decoding.words import TokenWords
     from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
 
     tokenizer = train_shared_bpe(GERMAN * 30, 400)

@@ -1,0 +1,68 @@
+"""The files a model folder holds, by format, named here once: ours (`save_pretrained`), the CTranslate2 export's
+and the ONNX export's; and, from those names, the one list of a folder's files for each purpose: what a Hub download
+takes (`MODEL_FILES`) and what a push uploads (`UPLOADED`)."""
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+CTRANSLATE2_WEIGHTS = "model.bin"  # CTranslate2's one file of weights (and its model specification)
+ONNX_FOLDER = "onnx"  # the graphs' folder, in transformers.js's layout
+QUANTIZED = "_quantized"  # transformers.js's suffix for int8 graphs (its dtype "q8")
+ENCODER_GRAPH, DECODER_GRAPH = "encoder_model", "decoder_model_merged"  # the ONNX graphs, without ".onnx"
+
+# What the model folders we load hold (ours, and our CTranslate2 and ONNX exports): a Hub download takes these files
+# and nothing else. No code (no folder's code is ever run here), no pickles, no checkpoints or training state.
+MODEL_FILES = [
+    CONFIG_NAME,
+    "generation_config.json",
+    WEIGHTS_NAME,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    CTRANSLATE2_WEIGHTS,
+    "shared_vocabulary.*",
+    f"{ONNX_FOLDER}/*.onnx",
+    f"{ONNX_FOLDER}/*.onnx_data",
+]
+
+
+# What a model folder is, ours (run_translation.py) or an export of it: the only files a push uploads. A pattern
+# matches at its own depth, a top-level name or one under onnx/ (huggingface_hub's allow_patterns let "*" cross a
+# "/": "*.safetensors" would take checkpoint-5/model.safetensors). Everything else stays local: the Trainer's state
+# (training_args.bin, a pickle that holds --hub_token; trainer_state.json; checkpoint-N/ with its optimizer and RNG
+# states, and the .deleting-checkpoint-N/ a killed rotation leaves), TensorBoard's runs/, hidden files (.env, .git/)
+# and an interrupted write's temporary files (.NAME.XXXX.partial). A link counts as the file it leads to (model_files).
+UPLOADED = (
+    # the weights: ours and the Marian export's (sharded, with an index, when large), CTranslate2's
+    "*.safetensors",
+    "*.safetensors.index.json",
+    CTRANSLATE2_WEIGHTS,
+    # the model's and the generation's configs
+    "config.json",
+    "generation_config.json",
+    # the tokenizer: ours (tokenizers' file), Marian's own (two SentencePiece models and a vocabulary), and
+    # CTranslate2's vocabularies (shared_, or source_ and target_; JSON, or text in older releases)
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "*.spm",
+    "vocab.json",
+    "*_vocabulary.json",
+    "*_vocabulary.txt",
+    # the code the config names for trust_remote_code (auto_map, custom_pipelines)
+    "configuration_*.py",
+    "modeling_*.py",
+    "pipeline_*.py",
+    # the card, and the pictures a card shows (attention.png)
+    "README.md",
+    "*.png",
+    "*.jpg",
+    "*.jpeg",
+    "*.svg",
+    # the results: the scores, the record the card is written from, the test set's translations
+    "*_results.json",
+    "run_record.json",
+    "generated_predictions.txt",
+    # the ONNX export's graphs in transformers.js's layout, and beside one over 2 GB its weights
+    f"{ONNX_FOLDER}/*.onnx",
+    f"{ONNX_FOLDER}/*.onnx_data",
+)
