@@ -54,7 +54,7 @@ DELETE_CACHE = (60, 60)
 MAX_FILE_SIZE = "1kb"
 # glibc's call that hands the free memory of every arena back to the system; None under another C library
 MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform == "linux" else None
-# what the picture shows of a long sentence: its size is bounded (tools/visualize.py), and the page says how
+# what the picture shows of a long sentence: its size is bounded (inspection/pictures.py), and the page says how
 PICTURE_NOTE = (
     f"The picture draws every token of both sentences. Past {LABELLED_TOKENS} tokens a side they share its size "
     f"and one in k is labelled, with its position, as the axis says; it is at most {MAX_FIGURE_INCHES * DPI:,} "

@@ -1,5 +1,5 @@
-"""vanilla-attention: attention pictures and step-by-step decoding of one sentence (tools/inspection.py and
-tools/visualize.py)."""
+"""vanilla-attention: attention pictures and step-by-step decoding of one sentence (inspection/capture.py and
+inspection/pictures.py)."""
 
 import io
 import os

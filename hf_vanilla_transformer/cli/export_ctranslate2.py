@@ -1,4 +1,4 @@
-"""vanilla-export-ctranslate2: a model folder written as a CTranslate2 folder (tools/export_ctranslate2.py)."""
+"""vanilla-export-ctranslate2: a model folder written as a CTranslate2 folder (export/ctranslate2.py)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""vanilla-export-marian: a model folder written as transformers' own MarianMTModel (tools/export_marian.py)."""
+"""vanilla-export-marian: a model folder written as transformers' own MarianMTModel (export/marian.py)."""
 
 import sys
 

@@ -1,5 +1,5 @@
 """vanilla-export-onnx: a model folder written as ONNX graphs for transformers.js and ONNX Runtime
-(tools/export_onnx.py)."""
+(export/onnx.py)."""
 
 import sys
 

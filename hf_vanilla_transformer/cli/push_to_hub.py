@@ -1,4 +1,5 @@
-"""vanilla-push-to-hub: a finished model folder, ours or an export, uploaded to the Hub in one commit (tools/hub.py)."""
+"""vanilla-push-to-hub: a finished model folder, ours or an export, uploaded to the Hub in one commit
+(sharing/hub.py)."""
 
 import argparse
 import os

@@ -11,7 +11,7 @@ trained on the data when no --tokenizer_name is given, token-budget batches (--m
 (0.9, 0.98, 1e-9), the warmup/inverse-square-root schedule of Equation 3 (--warmup_steps, --learning_rate_scale),
 label smoothing 0.1, checkpoint averaging (--average_last_checkpoints) and beam search with length penalty. A
 recipe file (.yaml/.json) holds any of these flags; flags after it override it. The command line: flags, then
-the run (training/run.py), the model card from what the run recorded (tools/card.py) and the push (tools/hub.py).
+the run (training/run.py), the model card from what the run recorded (sharing/card.py) and the push (sharing/hub.py).
 """
 
 import logging

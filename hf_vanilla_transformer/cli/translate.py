@@ -1,5 +1,5 @@
 """vanilla-translate: translate a file or standard input with a trained model, one sentence a line
-(tools/translate.py)."""
+(translation/lines.py)."""
 
 import sys
 

@@ -1,5 +1,5 @@
 """Words or phrases no translation may hold: sockeye's `avoid`, CTranslate2's `suppress_sequences`, transformers'
-`bad_words_ids`, matched as whole words like the terms (tools/words.py) or, with `match="subword"`, anywhere.
+`bad_words_ids`, matched as whole words like the terms (decoding/words.py) or, with `match="subword"`, anywhere.
 
 transformers' `NoBadWordsLogitsProcessor` bars token sequences, and that is not enough for words: barring "Hund" as
 `ĠHund` also bars "Hunde" where the tokenizer spells it `ĠHund` `e`, misses "Hund" at a sentence's start (`Hund`,

@@ -13,7 +13,7 @@ round scores differently. Where its best translation already holds every phrase,
 the sentence is searched again with its constraints, on a wider beam (`constrained_beams`): each step also
 considers, for every hypothesis, the tokens that start or continue an unmet phrase (Post & Vilar, Section 3), and
 fills the beam round-robin from banks of hypotheses that have met equally many constraint tokens, the bank of those
-that have met none first. A phrase is met as whole words (tools/words.py): it starts where a word may and the token
+that have met none first. A phrase is met as whole words (decoding/words.py): it starts where a word may and the token
 after it does not go on with its last word; a hypothesis that leaves a phrase unfinished, or glues a word to it,
 drops it and goes back to the bank of what it has met.
 

@@ -3,7 +3,7 @@ decoding step scores each next token by the mean of its members' log-probabiliti
 
     ensemble, tokenizer = load_ensemble(["runs/multi30k-small-seed1", "runs/multi30k-small-seed2"])
     batch = tokenizer(["A man is sleeping."], return_tensors="pt", padding=True)
-    ids = ensemble.generate(**batch, logits_processor=ensemble.source_length_limit(batch))
+    ids = ensemble.generate(**batch, logits_processor=ensemble.length_limit_processors(batch))
 
 The members share one vocabulary and its special tokens; their sizes may differ. The paper ensembles no
 Transformers (its Table 2 lists other models' ensembles); the mean of log-probabilities is Marian's way (a weighted
@@ -20,7 +20,7 @@ How it fits `generate()`, which it does not override:
   generate() hands back at the next step and reorders after each beam search step through `reorder_cache`;
 - Section 6.1's length rule (each sentence ends by its source length + `max_new_tokens_over_source` tokens), which
   our model's own `generate()` adds, is for the ensemble a logits processor that callers pass:
-  `logits_processor=ensemble.source_length_limit(batch)`.
+  `logits_processor=ensemble.length_limit_processors(batch)`.
 """
 
 import copy
@@ -244,7 +244,7 @@ class TranslationEnsemble(nn.Module, GenerationMixin):
             )
         return [None] * len(self.members)
 
-    def source_length_limit(
+    def length_limit_processors(
         self, batch: Mapping, generation_config: GenerationConfig | None = None
     ) -> LogitsProcessorList:
         """Section 6.1's length rule for `self.generate(**batch, ...)`, to pass as its `logits_processor`: each

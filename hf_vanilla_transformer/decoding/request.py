@@ -35,7 +35,7 @@ class Steering:
     """What a translator is asked beyond the decoding settings: `n_best` hypotheses a sentence, their scores, word
     alignments, per sentence a target prefix to continue ("" for none) and the phrases the translation must
     contain (terminology constraints), and the phrases no translation may hold (`avoid`); constraints and avoided
-    phrases are matched as whole words or, with `constraint_match="subword"`, anywhere (tools/words.py). `names`
+    phrases are matched as whole words or, with `constraint_match="subword"`, anywhere (decoding/words.py). `names`
     are the files they came from and `first_line` the number of the first sentence's line, for errors."""
 
     n_best: int = 1

@@ -1,5 +1,5 @@
-"""Words and phrases in token space: a phrase the translation must hold (tools/constraints.py) or must not hold
-(tools/avoid.py) matches as whole words, whatever the tokenizer splits it into.
+"""Words and phrases in token space: a phrase the translation must hold (decoding/constraints.py) or must not hold
+(decoding/avoid.py) matches as whole words, whatever the tokenizer splits it into.
 
 A word boundary is where a word character meets a character that is not one. Word characters are the letters, digits
 and marks of scripts that separate words with spaces; scripts written without spaces between words (Han, Hiragana,

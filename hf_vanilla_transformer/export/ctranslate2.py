@@ -150,7 +150,7 @@ def _converter_class():
                 config.encoder_attention_heads,
                 pre_norm=config.layer_norm_position == "pre",
                 activation=activations[config.activation_function],
-                # the attention vanilla-translate --alignments reads, as tools/alignment.py's defaults: the last
+                # the attention vanilla-translate --alignments reads, as decoding/alignment.py's defaults: the last
                 # layer's, averaged over all its heads
                 alignment_layer=DEFAULT_LAYER,
                 alignment_heads=config.decoder_attention_heads,

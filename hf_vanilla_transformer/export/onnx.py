@@ -2,7 +2,7 @@
 
     vanilla-export-onnx --model runs/multi30k-small --output_dir runs/multi30k-small-onnx
 
-The model goes through its exact `MarianMTModel` form (tools/export_marian.py, which refuses what Marian cannot
+The model goes through its exact `MarianMTModel` form (export/marian.py, which refuses what Marian cannot
 compute), so the folder is a Marian model to every tool that reads it: `config.json` (model_type `marian`),
 `generation_config.json`, the tokenizer files, and
 
@@ -21,7 +21,7 @@ past, with the self-attention's. torch's exporter writes each graph (`torch.onnx
 
 What the folder cannot carry: beam search (transformers.js decodes greedily, so the generation config written here
 is greedy; the source model's beam settings are in its card) and the per-sentence length limit (Section 6.1: source
-length + 50 tokens), which a caller passes as `max_new_tokens` (`OnnxTranslator`, tools/onnx_runtime.py, applies it
+length + 50 tokens), which a caller passes as `max_new_tokens` (`OnnxTranslator`, engines/onnx.py, applies it
 from the generation config, where it stays).
 Needs the [onnx] extra. Written to a temporary folder and renamed when complete.
 """

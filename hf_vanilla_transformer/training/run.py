@@ -1,6 +1,6 @@
 """A training run as run_translation.py drives it: read and check everything before anything is written (`prepare`),
 then train, average, evaluate and predict (`train_and_evaluate`), leaving a model folder that records what the run
-did (`run_record.json`: data, recipe, steps, time, hardware, scores and an example), from which tools/card.py writes
+did (`run_record.json`: data, recipe, steps, time, hardware, scores and an example), from which sharing/card.py writes
 the model card."""
 
 import copy

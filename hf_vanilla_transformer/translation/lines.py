@@ -7,7 +7,7 @@ model's own (for ours the paper's: beam 4, length penalty 0.6, at most source le
 translated with CTranslate2 (the [fast] extra), with the same decoding: many times faster on a CPU; one written by
 `vanilla-export-onnx` greedily with ONNX Runtime; several model folders together as an ensemble. What is asked
 beyond the decoding settings (n-best lists and scores, prefixes, constraints, alignments) is a `Steering`
-(tools/translator.py), which each kind of translator gives as far as its engine can and refuses beyond.
+(decoding/request.py), which each kind of translator gives as far as its engine can and refuses beyond.
 """
 
 import logging
