@@ -32,7 +32,7 @@ def translated_batch(model, tokenizer, sources: list[str]) -> list[str]:
         sources, return_tensors="pt", padding=True, truncation=True, max_length=model.config.max_position_embeddings
     )
     # our model adds Section 6.1's length rule in its own generate(); the ensemble is given it
-    length_rule = model.source_length_limit(batch) if isinstance(model, TranslationEnsemble) else None
+    length_rule = model.length_limit_processors(batch) if isinstance(model, TranslationEnsemble) else None
     with torch.no_grad():
         ids = model.generate(**batch, logits_processor=length_rule)
     return tokenizer.batch_decode(ids, skip_special_tokens=True)

@@ -19,7 +19,7 @@ def two_sizes(**overrides) -> list:
 
 def ensemble_generate(ensemble, batch, **settings):
     """generate() with Section 6.1's length rule, as our model's own generate() applies it."""
-    return ensemble.generate(**batch, logits_processor=ensemble.source_length_limit(batch), **settings)
+    return ensemble.generate(**batch, logits_processor=ensemble.length_limit_processors(batch), **settings)
 
 
 @pytest.mark.parametrize("copies", [1, 2], ids=["one model", "a model with itself"])
