@@ -3,7 +3,10 @@ and the ONNX export's; and, from those names, the one list of a folder's files f
 takes (`MODEL_FILES`) and what a push uploads (`UPLOADED`)."""
 
 CONFIG_NAME = "config.json"
+GENERATION_CONFIG_NAME = "generation_config.json"
 WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"  # tokenizers' one file: vocabulary, merges, normalization
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CTRANSLATE2_WEIGHTS = "model.bin"  # CTranslate2's one file of weights (and its model specification)
 ONNX_FOLDER = "onnx"  # the graphs' folder, in transformers.js's layout
 QUANTIZED = "_quantized"  # transformers.js's suffix for int8 graphs (its dtype "q8")
@@ -13,10 +16,10 @@ ENCODER_GRAPH, DECODER_GRAPH = "encoder_model", "decoder_model_merged"  # the ON
 # and nothing else. No code (no folder's code is ever run here), no pickles, no checkpoints or training state.
 MODEL_FILES = [
     CONFIG_NAME,
-    "generation_config.json",
+    GENERATION_CONFIG_NAME,
     WEIGHTS_NAME,
-    "tokenizer.json",
-    "tokenizer_config.json",
+    TOKENIZER_FILE,
+    TOKENIZER_CONFIG_FILE,
     "special_tokens_map.json",
     CTRANSLATE2_WEIGHTS,
     "shared_vocabulary.*",
@@ -37,12 +40,12 @@ UPLOADED = (
     "*.safetensors.index.json",
     CTRANSLATE2_WEIGHTS,
     # the model's and the generation's configs
-    "config.json",
-    "generation_config.json",
+    CONFIG_NAME,
+    GENERATION_CONFIG_NAME,
     # the tokenizer: ours (tokenizers' file), Marian's own (two SentencePiece models and a vocabulary), and
     # CTranslate2's vocabularies (shared_, or source_ and target_; JSON, or text in older releases)
-    "tokenizer.json",
-    "tokenizer_config.json",
+    TOKENIZER_FILE,
+    TOKENIZER_CONFIG_FILE,
     "special_tokens_map.json",
     "*.spm",
     "vocab.json",

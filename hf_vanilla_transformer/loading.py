@@ -15,7 +15,7 @@ from typing import NamedTuple
 from huggingface_hub.errors import StrictDataclassError
 
 from hf_vanilla_transformer.errors import first_line, one_line, transformers_lines_left_out
-from hf_vanilla_transformer.formats import CONFIG_NAME, MODEL_FILES, WEIGHTS_NAME
+from hf_vanilla_transformer.formats import CONFIG_NAME, MODEL_FILES, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_NAME
 from hf_vanilla_transformer.hardware import check_torch_device, default_device
 
 RUN_RECORD = "run_record.json"  # what the run that trained the model did (training/run.py), which its card shows
@@ -311,7 +311,7 @@ def load_tokenizer(path: str):
 
     if not os.path.isdir(path):
         raise ModelFolderError(f"{path}: no such folder")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
+    for name in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE):
         if os.path.isfile(os.path.join(path, name)):
             read_json_object(os.path.join(path, name))
     try:
@@ -319,7 +319,7 @@ def load_tokenizer(path: str):
     except Exception as error:  # the tokenizers library raises a bare Exception for a file it cannot use
         why = (
             first_line(error)
-            if os.path.isfile(os.path.join(path, "tokenizer.json"))
+            if os.path.isfile(os.path.join(path, TOKENIZER_FILE))
             else "no tokenizer.json, and transformers could build none from the other files"
         )
         raise ModelFolderError(f"{path}: no usable tokenizer ({why})") from None

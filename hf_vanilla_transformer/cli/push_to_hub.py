@@ -8,6 +8,7 @@ import sys
 from hf_vanilla_transformer.cli.flags import CommandParser, hub_repo_id
 from hf_vanilla_transformer.errors import exit_refused, one_line
 from hf_vanilla_transformer.files import InputError
+from hf_vanilla_transformer.formats import CONFIG_NAME
 
 
 class RefuseToken(argparse.Action):
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         uploaded, left_out = model_files(args.model)  # a name that would not print is refused before anything
-        if not os.path.isfile(os.path.join(args.model, "config.json")):
+        if not os.path.isfile(os.path.join(args.model, CONFIG_NAME)):
             raise ValueError(f"{args.model}: not a model folder (no config.json)")
         if args.dry_run:
             sizes = {path: os.path.getsize(os.path.join(args.model, path)) for path in uploaded}

@@ -30,13 +30,14 @@ from hf_vanilla_transformer.decoding.alignment import DEFAULT_LAYER
 from hf_vanilla_transformer.engines.ctranslate2 import QUANTIZATIONS
 from hf_vanilla_transformer.extras import require
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
+from hf_vanilla_transformer.formats import GENERATION_CONFIG_NAME, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 from hf_vanilla_transformer.loading import load_ours, max_positions
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
 from hf_vanilla_transformer.sharing.card import write_export_card
 from hf_vanilla_transformer.sharing.markdown import code_literal, fenced_block
 
 # what our folder carries besides the weights that the export keeps (the weights become model.bin)
-CARRIED_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+CARRIED_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, GENERATION_CONFIG_NAME)
 
 
 def export(model_path: str, output_dir: str, quantization: str = "float32", overwrite_output_dir: bool = False) -> str:

@@ -29,6 +29,7 @@ import torch
 from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
+from hf_vanilla_transformer.formats import CONFIG_NAME, GENERATION_CONFIG_NAME
 from hf_vanilla_transformer.loading import load_ours
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
 from hf_vanilla_transformer.sharing.card import write_export_card
@@ -76,7 +77,7 @@ def marian_config(config) -> MarianConfig:
 
 def check_marian_expressible(config) -> None:
     """Refuse, naming the attribute, a variant of ours that Marian's architecture cannot compute."""
-    config_file = os.path.join(config.name_or_path, "config.json")
+    config_file = os.path.join(config.name_or_path, CONFIG_NAME)
     problems = [
         ("layer_norm_position", config.layer_norm_position != "post", "Marian's layers are post-LN"),
         (
@@ -172,7 +173,7 @@ def export(model_path: str, output_dir: str, overwrite_output_dir: bool = False)
 
 def write_card(model_path: str, folder: str, model_id: str) -> None:
     """The source's card with this folder's "How to use", its decoding read from the generation configs written."""
-    generation = read_json(os.path.join(folder, "generation_config.json"))
+    generation = read_json(os.path.join(folder, GENERATION_CONFIG_NAME))
     max_new_tokens_over_source = max_new_tokens_over_source_of(GenerationConfig.from_pretrained(model_path))
     write_export_card(
         model_path, folder, model_id, "transformers", ["marian"], usage(generation, max_new_tokens_over_source)

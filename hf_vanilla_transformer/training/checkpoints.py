@@ -21,6 +21,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from transformers.trainer import TRAINER_STATE_NAME
 
 from hf_vanilla_transformer.files import atomic_output_dir, check_output_dir
+from hf_vanilla_transformer.formats import TOKENIZER_FILE
 from hf_vanilla_transformer.loading import WEIGHTS_NAME, load_model, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ def write_averaged_model(model_dir: str, last: int, output_dir: str, overwrite_o
     newest = folders[-1]
     model = load_model(newest, "cpu")
     load_averaged_checkpoints(model, folders)
-    tokenizer = load_tokenizer(newest) if os.path.isfile(os.path.join(newest, "tokenizer.json")) else None
+    tokenizer = load_tokenizer(newest) if os.path.isfile(os.path.join(newest, TOKENIZER_FILE)) else None
     with atomic_output_dir(output_dir, overwrite_output_dir) as staging:
         model.save_pretrained(staging)
         if tokenizer is not None:

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from hf_vanilla_transformer.files import check_output_dir, check_output_dir_is_ours, write_text_atomically
+from hf_vanilla_transformer.formats import TOKENIZER_FILE
 from hf_vanilla_transformer.hardware import describe_hardware, keep_more_onednn_kernels
 from hf_vanilla_transformer.loading import RUN_RECORD, load_model, load_tokenizer
 from hf_vanilla_transformer.model.configuration_vanilla_transformer import VanillaTransformerConfig
@@ -162,7 +163,7 @@ def load_or_train_tokenizer(model_args, data_args, splits, resume_from_checkpoin
     if (
         source is None
         and resume_from_checkpoint
-        and os.path.isfile(os.path.join(resume_from_checkpoint, "tokenizer.json"))
+        and os.path.isfile(os.path.join(resume_from_checkpoint, TOKENIZER_FILE))
     ):
         source = resume_from_checkpoint
     if source is not None:
