@@ -1,6 +1,6 @@
-"""The benchmarks as one command: `python -m bench NAME [flags]` runs bench/bench_NAME.py (or bench/NAME.py) as a
-script, `python -m bench NAME --help` shows its flags, and `python -m bench` lists them. Each writes its raw results
-to bench/results/; BENCHMARKS.md holds the commands and the figures."""
+"""The benchmarks as one command: `python -m bench NAME [flags]` runs bench/GROUP/bench_NAME.py as a script,
+`python -m bench NAME --help` shows its flags, and `python -m bench` lists them under their groups. Each writes its
+raw results to bench/results/NAME/; BENCHMARKS.md holds the commands and the figures."""
 
 import ast
 import os
@@ -8,29 +8,42 @@ import runpy
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-NOT_BENCHMARKS = {"__init__", "__main__", "common"}
 
 
-def benchmarks() -> dict[str, str]:
-    """Each benchmark's name on the command line, and its module."""
-    stems = sorted(name[:-3] for name in os.listdir(HERE) if name.endswith(".py"))
-    return {stem.removeprefix("bench_"): f"bench.{stem}" for stem in stems if stem not in NOT_BENCHMARKS}
-
-
-def summary(module: str) -> str:
-    """The first line of a benchmark's docstring."""
-    with open(os.path.join(HERE, module.removeprefix("bench.") + ".py"), encoding="utf-8") as file:
+def first_line(path: str) -> str:
+    with open(path, encoding="utf-8") as file:
         docstring = ast.get_docstring(ast.parse(file.read())) or ""
     return docstring.splitlines()[0] if docstring else ""
 
 
+def groups() -> dict[str, dict[str, str]]:
+    """Each group (a sub-package holding bench_*.py modules), and in it each benchmark's name on the command line and
+    its module."""
+    found = {}
+    for group in sorted(os.listdir(HERE)):
+        folder = os.path.join(HERE, group)
+        if not os.path.isfile(os.path.join(folder, "__init__.py")):
+            continue
+        stems = sorted(name[:-3] for name in os.listdir(folder) if name.startswith("bench_") and name.endswith(".py"))
+        if stems:
+            found[group] = {stem.removeprefix("bench_"): f"bench.{group}.{stem}" for stem in stems}
+    return found
+
+
+def module_path(module: str) -> str:
+    return os.path.join(os.path.dirname(HERE), *module.split(".")) + ".py"
+
+
 def main() -> None:
-    available = benchmarks()
+    grouped = groups()
+    available = {name: module for benchmarks in grouped.values() for name, module in benchmarks.items()}
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         width = max(map(len, available))
-        print("usage: python -m bench NAME [flags]     (python -m bench NAME --help: its flags)\n")
-        for name, module in available.items():
-            print(f"  {name:<{width}}  {summary(module)}")
+        print("usage: python -m bench NAME [flags]     (python -m bench NAME --help: its flags)")
+        for group, benchmarks in grouped.items():
+            print(f"\n{group}: {first_line(os.path.join(HERE, group, '__init__.py'))}")
+            for name, module in benchmarks.items():
+                print(f"  {name:<{width}}  {first_line(module_path(module))}")
         sys.exit(0 if len(sys.argv) > 1 else 2)
     name = sys.argv[1]
     if name not in available:

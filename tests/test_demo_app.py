@@ -284,7 +284,7 @@ def test_the_api_answers_gradio_client(demo_url, expected):
 
 def test_concurrent_requests_each_get_the_sequential_answer(demo_url):
     """20 requests over loopback at once (5 sentences, each 4 times, shuffled, on 4 connections): every one is
-    answered with the translation, picture and steps that the same sentence gets alone (bench.bench_under_load
+    answered with the translation, picture and steps that the same sentence gets alone (bench.scale.bench_under_load
     sends 100)."""
     from gradio_client import Client
 

@@ -80,7 +80,7 @@ def test_beam_scores_match_the_models_own(model_and_tokenizer, exported):
 
 def test_int8_moves_bleu_by_at_most_0_3(exported, float32):
     """On all 1,000 Multi30k test sentences. The fixture's model is barely trained (BLEU about 1), so this also asks
-    that int8's translations stay close to float32's, at least 80 BLEU against them; bench/bench_ctranslate2.py
+    that int8's translations stay close to float32's, at least 80 BLEU against them; bench/speed/bench_ctranslate2.py
     measures the main job's model. How close depends on the CPU's int8 kernels: 914 of the 1,000 translations stayed
     the same on the CPU this test was first run on, 573 (87.6 BLEU against float32's) on an AVX2-only AMD EPYC."""
     pairs = multi30k_test_pairs()

@@ -455,7 +455,7 @@ def checkpointing_step(checkpointing: bool) -> dict:
 def test_gradient_checkpointing_reruns_every_layer_in_the_backward_and_keeps_only_its_inputs():
     """transformers checkpoints each `GradientCheckpointingLayer`: our encoder and decoder layers, whole. The
     backward runs each layer's forward again (every attention once more), and the forward keeps a fraction of what
-    it keeps otherwise (bench/bench_memory.py measures the `base` model). The gradients are the same."""
+    it keeps otherwise (bench/scale/bench_memory.py measures the `base` model). The gradients are the same."""
     plain, checkpointed = checkpointing_step(False), checkpointing_step(True)
     attentions = 2 + 3 * 2  # tiny_config: 2 encoder layers, 3 decoder layers with two attentions each
     assert (plain["forward_calls"], plain["backward_calls"]) == (attentions, 0)

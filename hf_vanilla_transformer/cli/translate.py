@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         generate_kwargs.setdefault("num_beams", 1)
     with reported(parser.prog):
         # one intra-op thread by default: torch's threads spin at every barrier, and beside another job a thread
-        # that loses its core stalls the rest (bench/bench_threads.py)
+        # that loses its core stalls the rest (bench/speed/bench_threads.py)
         torch.set_num_threads(args.threads or 1)
         # a bad steering file first (it is read whole, and cheaply), then what the model's folder refuses (a missing
         # package, a device this machine lacks) before the input is read, and a bad line of input before the model

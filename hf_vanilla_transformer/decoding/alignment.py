@@ -22,8 +22,8 @@ Which decoder position gives the attention for a target token: the one that pred
 input is the token before), or the one that takes it as input (`"reading"`, Chen et al., 2020, "Accurate Word
 Alignment Induction from Neural Machine Translation", Shift-Att). The defaults (layer, heads, position, method)
 are the setting that agrees best with eflomal on Multi30k validation for the trained small model (3 decoder layers):
-the last layer, the mean of its heads, the predicting positions, grow-diag-final-and (bench/bench_alignments.py,
-bench/results/alignments.json). Another model may align best with another layer: the benchmark tells.
+the last layer, the mean of its heads, the predicting positions, grow-diag-final-and (bench/quality/bench_alignments.py,
+bench/results/alignments/). Another model may align best with another layer: the benchmark tells.
 
 Alignments are written `i-j` (source word i, target word j, counted from 0), space-separated, as fast_align,
 eflomal and Marian write them.
@@ -46,7 +46,7 @@ TargetPosition = Literal["predicting", "reading"]
 TARGET_POSITIONS = ("predicting", "reading")
 Method = Literal["target", "intersection", "grow-diag-final-and"]
 METHODS = ("target", "intersection", "grow-diag-final-and")
-# the setting bench/bench_alignments.py chose on Multi30k validation for the 3-layer small model: its last layer,
+# the setting bench/quality/bench_alignments.py chose on Multi30k validation for the 3-layer small model: its last layer,
 # the mean of its heads, at the positions that predict the target words, both directions grown (see the docstring)
 DEFAULT_LAYER = -1
 DEFAULT_HEADS = None
