@@ -46,8 +46,8 @@ TargetPosition = Literal["predicting", "reading"]
 TARGET_POSITIONS = ("predicting", "reading")
 Method = Literal["target", "intersection", "grow-diag-final-and"]
 METHODS = ("target", "intersection", "grow-diag-final-and")
-# the setting bench/quality/bench_alignments.py chose on Multi30k validation for the 3-layer small model: its last layer,
-# the mean of its heads, at the positions that predict the target words, both directions grown (see the docstring)
+# the setting bench/quality/bench_alignments.py chose on Multi30k validation for the 3-layer small model: its last
+# layer, the mean of its heads, at the positions that predict the target words, both directions grown (the docstring)
 DEFAULT_LAYER = -1
 DEFAULT_HEADS = None
 DEFAULT_TARGET_POSITION: TargetPosition = "predicting"
