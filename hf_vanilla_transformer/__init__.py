@@ -3,7 +3,7 @@
 Importing the package registers the model with transformers' auto classes, so `AutoConfig`, `AutoModel` and
 `AutoModelForSeq2SeqLM` load folders whose config says `"model_type": "vanilla_transformer"`.
 
-A folder a job, each importing only the folders listed before it (tests/test_layout.py has the exact rule):
+A folder a job, each importing only the folders listed before it (tests/contracts/test_layout.py has the exact rule):
 - model/: what every saved folder carries (the configuration, the model, its pipeline);
 - errors.py, files.py, formats.py, hardware.py, extras.py, loading.py: one concept each, for every folder below;
 - training/: the paper's recipe on transformers' Trainer;

@@ -177,7 +177,7 @@ class ModelSize(NamedTuple):
 
 def model_size(config) -> ModelSize:
     """The size of our model built from `config`, computed from the config alone so that a config of any size is
-    judged before anything is built (tests/test_loading.py checks it against built models). Learned positions are
+    judged before anything is built (tests/base/test_loading.py checks it against built models). Learned positions are
     weights; sinusoidal ones are computed, never stored, and not counted."""
     d_model = config.d_model
 

@@ -137,7 +137,7 @@ def model_and_tokenizer(trained_run):
 
 @pytest.fixture(scope="session")
 def exported(trained_run, tmp_path_factory) -> dict[str, str]:
-    """The trained run exported to CTranslate2 folders, float32 and int8 (tools/export_ctranslate2.py)."""
+    """The trained run exported to CTranslate2 folders, float32 and int8 (export/ctranslate2.py)."""
     from hf_vanilla_transformer.export.ctranslate2 import export
 
     folder = tmp_path_factory.mktemp("ctranslate2")

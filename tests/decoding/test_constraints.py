@@ -1,4 +1,4 @@
-"""Terminology constraints (tools/constraints.py): every hypothesis contains its constraints, the search without
+"""Terminology constraints (decoding/constraints.py): every hypothesis contains its constraints, the search without
 constraints is transformers' beam search, scores are the model's, and the decoder runs once per token."""
 
 import functools

@@ -1,6 +1,6 @@
 """demo/web/serve.py against hostile requests, over real HTTP on a loopback port: it serves the files the page loads
 and nothing else (no listing, not its own source, no symbolic link out of a folder), and a bad request is a 404 or
-400 with one log line, never a traceback. The page translating in a browser: test_onnx_runtimes.py (slow)."""
+400 with one log line, never a traceback. The page translating in a browser: system/test_onnx_runtimes.py (slow)."""
 
 import http.client
 import importlib.util

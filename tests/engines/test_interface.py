@@ -10,8 +10,8 @@ import pytest
 from hf_vanilla_transformer.cli.score import main as score_main
 from hf_vanilla_transformer.engines.base import Translator
 from hf_vanilla_transformer.engines.registry import ENGINES, check_scoring, translator_kind
-from hf_vanilla_transformer.formats import DECODER_GRAPH, ONNX_FOLDER
 from support.paths import REPO_ROOT
+from support.steering import onnx_folder_in_name_only
 
 METHODS = ("hypotheses", "score", "align", "reads", "loader")
 DECLARED = ("engine", "folder", "folders")
@@ -70,12 +70,6 @@ def test_no_module_tells_engines_apart_by_type_but_the_registry():
             if node.func.id in ("hasattr", "getattr") and first in {"translator", "kind", "engine", "self.translator"}:
                 found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
-
-
-def onnx_folder_in_name_only(folder) -> str:
-    (folder / ONNX_FOLDER).mkdir(parents=True)
-    (folder / ONNX_FOLDER / f"{DECODER_GRAPH}.onnx").write_bytes(b"")
-    return str(folder)
 
 
 def test_scoring_with_an_engine_that_cannot_is_refused_before_anything_is_read(tmp_path, capsys):

@@ -1,5 +1,5 @@
 """hf_vanilla_transformer.cli.flags: the flag parser, recipe files and --config_overrides (the console scripts are
-tested with their modules: test_translate.py, test_visualize.py, test_export_ctranslate2.py)."""
+tested with their modules: cli/test_translate.py, inspection/test_pictures.py, export/test_export_ctranslate2.py)."""
 
 from dataclasses import dataclass, field
 

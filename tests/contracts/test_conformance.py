@@ -2,7 +2,7 @@
 written out for ours: loading by keyword and in half precision, determinism, the shapes of hidden states,
 attentions and the cache, `inputs_embeds`, resizing, the attention implementations, the old name of the cache, every
 `generate()` mode transformers offers an encoder-decoder here, static caches with and without `torch.compile`, PEFT
-and `device_map`. The round trip, gradient checkpointing and dynamo's single graph are in test_modeling.py.
+and `device_map`. The round trip, gradient checkpointing and dynamo's single graph are in model/test_modeling.py.
 
 Not here: flash attention (it needs a GPU and the flash-attn package; the model declares it, as Marian does, on the
 same attention interface) and contrastive search (transformers 5 moved it to a Hub repository, out of reach).

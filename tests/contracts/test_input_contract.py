@@ -1,5 +1,5 @@
 """One input contract for every way in — vanilla-translate, the pipeline, vanilla-attention (the demo's is tested
-with it served, in test_demo_app.py): whitespace around a sentence is not translated, an empty sentence gets an
+with it served, in system/test_demo_app.py): whitespace around a sentence is not translated, an empty sentence gets an
 empty translation, a folder or a Hub id names the model, and the decoding flags reach generate()."""
 
 import signal
@@ -161,7 +161,7 @@ def test_threads_sets_torchs_threads_one_by_default_and_refuses_zero(folder, tmp
     finally:
         torch.set_num_threads(1)  # the tests' own setting (conftest.py)
     capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:  # more such values: test_command_line.py
+    with pytest.raises(SystemExit) as exit_info:  # more such values: cli/test_console_scripts.py
         vanilla_translate(folder, [SENTENCE], tmp_path, "--threads", "0")
     assert exit_info.value.code == 2
     assert (

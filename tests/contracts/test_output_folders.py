@@ -25,8 +25,7 @@ from hf_vanilla_transformer.cli.run_translation import main as run_translation_m
 from hf_vanilla_transformer.cli.train_bpe import main as train_bpe_main
 from hf_vanilla_transformer.files import OutputDirRefused, atomic_output_dir, check_output_dir
 from support.models import letter_tokenizer, tiny_model
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from support.paths import REPO_ROOT
 
 # each command that writes a folder, by its name in its messages: its main, its flags but --output_dir, and what it
 # reads (a folder, or train_bpe.py's file), which an output folder must neither be nor hold; all in the working folder

@@ -1,4 +1,4 @@
-"""Word alignments from the encoder-decoder attention (tools/alignment.py): the `i-j` format, the token -> word
+"""Word alignments from the encoder-decoder attention (decoding/alignment.py): the `i-j` format, the token -> word
 mapping through the fast tokenizer's offsets, the word pooling and argmax on attention built by hand and on a real
 forward pass, batching, the caller's model, and refused arguments. Tiny random models: the alignments are not good,
 only computed as documented."""

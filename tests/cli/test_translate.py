@@ -1,4 +1,5 @@
-"""The vanilla-translate command (hf_vanilla_transformer/translate.py)."""
+"""The vanilla-translate command (hf_vanilla_transformer/cli/translate.py) on the trained runs: files and standard
+streams, errors, memory, interruptions and a full disk (translate_lines itself: translation/test_lines.py)."""
 
 import io
 import itertools
@@ -11,16 +12,10 @@ import sys
 import time
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from hf_vanilla_transformer.cli.translate import main as translate_main
-from hf_vanilla_transformer.engines.registry import load_translator
 from hf_vanilla_transformer.training.data import read_translation_file
-from hf_vanilla_transformer.translation.lines import translate_lines
-from hf_vanilla_transformer.translation.steering_files import read_lines
 from support.files import write_lines
-from support.hostile import FUZZ_SETTINGS, RAW_LINES, read_fuzzed_file
 from support.models import SENTENCES, generate_text
 from support.paths import TEST, TRAIN
 from support.processes import run_with_peak_rss
@@ -101,35 +96,6 @@ def test_translate_command_errors(trained_run, tmp_path, translate_here):
     (tmp_path / "latin1.txt").write_bytes("Ein Männchen\n".encode("latin-1"))
     status, stderr = translate_here("--model", str(trained_run.output), "--input", str(tmp_path / "latin1.txt"))
     assert status == 1 and "latin1.txt:1: not UTF-8 text (invalid continuation byte" in stderr
-
-
-@pytest.fixture(scope="module")
-def translator(trained_run):
-    return load_translator(str(trained_run.output), "cpu")
-
-
-@FUZZ_SETTINGS
-@given(
-    lines=st.lists(
-        st.text(max_size=30) | st.sampled_from(["\u2028", "a\x85b", "\r", "\x00", " ", "🙂" * 40]), max_size=6
-    )
-)
-def test_any_lines_give_one_line_of_translation_each(translator, lines):
-    translations = translate_lines(translator, lines, 4, {"num_beams": 1, "max_new_tokens": 4}, show_progress=False)
-    assert len(translations) == len(lines)
-    for line, translation in zip(lines, translations, strict=True):
-        assert len(translation.splitlines()) <= 1
-        assert translation == "" if not line.strip() else isinstance(translation, str)
-
-
-@FUZZ_SETTINGS
-@given(lines=st.lists(RAW_LINES, max_size=5), bom=st.booleans())
-def test_any_input_file_is_its_lines_or_one_line_naming_file_and_line(lines, bom):
-    read = read_fuzzed_file(read_lines, lines, bom, "input.txt")
-    if read is None:
-        return
-    got, text = read
-    assert got == [line.rstrip("\r") for line in text.split("\n")[:-1]]
 
 
 def test_binary_input_a_broken_model_and_blank_lines_end_cleanly(trained_run, tmp_path, translate_here):

@@ -1,4 +1,4 @@
-"""hf_vanilla_transformer.export.onnx and onnx_runtime: the ONNX graphs compute our logits step by step from
+"""hf_vanilla_transformer.export.onnx and engines.onnx: the ONNX graphs compute our logits step by step from
 their own past, ONNX Runtime's greedy loop decodes as `generate(num_beams=1)` does (the per-sentence limit included),
 and the folder has the layout, names and dimensions transformers.js reads."""
 

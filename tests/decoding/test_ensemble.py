@@ -1,4 +1,4 @@
-"""Ensembles (tools/ensemble.py): models that decode together through generate(), each step scored by the mean of
+"""Ensembles (decoding/ensemble.py): models that decode together through generate(), each step scored by the mean of
 the members' log-probabilities. An ensemble of one model, or of a model with itself, decodes as that model."""
 
 import pytest

@@ -118,7 +118,7 @@ def test_each_card_names_its_library_and_decodes_as_its_generation_config(folder
 
 def run_code(code: str, capsys) -> str:
     """What `code` prints last, run here. The Marian card's code also runs in a Python without our package
-    (test_export_marian.py), as does our card's model code (test_hub.py, on a trained model)."""
+    (export/test_export_marian.py), as does our card's model code (test_hub.py, on a trained model)."""
     capsys.readouterr()
     exec(code, {})
     return capsys.readouterr().out.strip().splitlines()[-1]

@@ -1,5 +1,6 @@
 """Scores of translations: `sequence_scores` of generate()'s own output, the pipeline's `return_scores`, the model's
-score of given translations (tools/scoring.py, on our model and on its CTranslate2 export) and vanilla-score."""
+score of given translations (decoding/forced_decoding.py, on our model and on its CTranslate2 export) and
+vanilla-score."""
 
 import json
 

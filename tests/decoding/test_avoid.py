@@ -1,4 +1,4 @@
-"""Words to avoid (tools/avoid.py): no translation holds them as whole words, however the search spells them, with
+"""Words to avoid (decoding/avoid.py): no translation holds them as whole words, however the search spells them, with
 greedy decoding, beam search, sampling and constrained beam search; words that merely start with them stay free;
 CTranslate2's `suppress_sequences` bars the same forms."""
 

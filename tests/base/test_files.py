@@ -16,6 +16,7 @@ from hf_vanilla_transformer.files import (
     replace_atomically,
     write_text_atomically,
 )
+from support.paths import REPO_ROOT
 
 
 def test_check_output_dir_accepts_a_missing_or_empty_folder(tmp_path):
@@ -129,7 +130,7 @@ print(len(changes))
 
 
 def replace_in_a_process(output: Path, kill_at: int, overwrite: bool = True) -> subprocess.CompletedProcess:
-    files_py = Path(__file__).resolve().parents[1] / "hf_vanilla_transformer" / "files.py"
+    files_py = REPO_ROOT / "hf_vanilla_transformer" / "files.py"
     command = [sys.executable, "-c", KILLED_REPLACEMENT, str(files_py), str(output), str(kill_at)]
     return subprocess.run([*command, "overwrite" if overwrite else "keep"], capture_output=True, text=True, timeout=60)
 
@@ -224,7 +225,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_the_old_one_whole(tm
     """A file size limit (RLIMIT_FSIZE) stands in for a full disk: the write fails part way."""
     path = tmp_path / "predictions.txt"
     path.write_text("earlier\n")
-    files_py = Path(__file__).resolve().parents[1] / "hf_vanilla_transformer" / "files.py"
+    files_py = REPO_ROOT / "hf_vanilla_transformer" / "files.py"
     result = subprocess.run([sys.executable, "-c", FULL_DISK, str(files_py), str(path)], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr == f"[Errno 27] cannot write {path} (File too large)\n"

@@ -1,4 +1,4 @@
-"""The console scripts' contract with a new user (commands.py): a flag value that cannot work, a device this machine
+"""The console scripts' contract with a new user (cli/flags.py): a flag value that cannot work, a device this machine
 lacks, a missing optional package, an output that would replace what the command reads: each is one line that
 names the flag or value, and a non-zero exit before any work (exit status 2 for a value argparse checks and for an
 output folder the command does not own, 1 for the rest), with nothing written and no model loaded.
@@ -14,65 +14,8 @@ import sys
 import pytest
 import torch
 
-from hf_vanilla_transformer.cli.attention import main as attention_main
-from hf_vanilla_transformer.cli.export_ctranslate2 import main as export_ctranslate2_main
-from hf_vanilla_transformer.cli.export_marian import main as export_marian_main
-from hf_vanilla_transformer.cli.export_onnx import main as export_onnx_main
-from hf_vanilla_transformer.cli.push_to_hub import main as push_to_hub_main
-from hf_vanilla_transformer.cli.translate import main as translate_main
+from support.commands import files_under, run, with_flags
 from support.processes import NotInstalled, not_installed_env
-
-COMMANDS = {
-    "vanilla-translate": translate_main,
-    "vanilla-attention": attention_main,
-    "vanilla-export-ctranslate2": export_ctranslate2_main,
-    "vanilla-export-marian": export_marian_main,
-    "vanilla-export-onnx": export_onnx_main,
-    "vanilla-push-to-hub": push_to_hub_main,
-}
-
-
-@pytest.fixture
-def work(tmp_path, monkeypatch) -> dict:
-    """A working folder (the current one) with an input file, a model folder and a CTranslate2 folder, both broken,
-    and each command's flags for them."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "in.txt").write_text("a b\n")
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{")
-    (tmp_path / "ct2").mkdir()
-    (tmp_path / "ct2" / "model.bin").write_bytes(b"not a model")
-    return {
-        "vanilla-translate": ["--model", "model", "--input", "in.txt", "--output", "out.txt"],
-        "vanilla-attention": ["--model", "model", "--source", "a b", "--output_dir", "out"],
-        "vanilla-export-ctranslate2": ["--model", "model", "--output_dir", "out"],
-        "vanilla-export-marian": ["--model", "model", "--output_dir", "out"],
-        "vanilla-export-onnx": ["--model", "model", "--output_dir", "out"],
-        "vanilla-push-to-hub": ["--model", "model", "--repo_id", "someone/tiny"],
-    }
-
-
-def with_flags(argv: list[str], flags: list[str]) -> list[str]:
-    """`argv` with `flags` added, a `--model` among them replacing argv's (a repeated --model is an ensemble)."""
-    if "--model" in flags:
-        model = argv.index("--model")
-        argv = argv[:model] + argv[model + 2 :]
-    return [*argv, *flags]
-
-
-def files_under(folder) -> dict[str, bytes]:
-    """Every file under `folder` (a link as the file it leads to) and what it holds."""
-    return {str(path): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
-
-
-def run(command: str, argv: list[str], capsys) -> tuple[int, list[str]]:
-    """The exit status and the lines of standard error of `command` run on `argv`, as its console script gives them:
-    a `sys.exit(message)` prints the message and exits with status 1."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_info:
-        COMMANDS[command](argv)
-    code, stderr = exit_info.value.code, capsys.readouterr().err
-    return (1, [*stderr.splitlines(), code]) if isinstance(code, str) else (code, stderr.splitlines())
 
 
 def absent_torch_device() -> str:
@@ -162,32 +105,6 @@ def test_a_device_this_machine_lacks_is_one_line_before_the_model_is_read(work, 
     ]:
         code, stderr = run(command, with_flags(work[command], flags), capsys)
         assert code == 1 and len(stderr) == 1 and stderr[0].startswith(f"{command}: error: {message}"), stderr
-    assert files_under(tmp_path) == before
-
-
-def test_an_option_for_the_other_kind_of_folder_or_that_the_device_lacks_is_one_line(work, tmp_path, capsys):
-    import ctranslate2
-
-    from hf_vanilla_transformer.engines.ctranslate2 import COMPUTE_TYPES
-
-    supported = ctranslate2.get_supported_compute_types("cpu")
-    unsupported = next(name for name in COMPUTE_TYPES if name not in ("default", "auto", *supported))
-    before = files_under(tmp_path)
-    for flags, message in [
-        (["--compute_type", "int8"], "compute_type int8 is for CTranslate2 folders; model is a model folder (dtype)"),
-        (["--intra_threads", "2"], "intra_threads 2 is for CTranslate2 folders; model is a model folder (dtype)"),
-        (
-            ["--model", "ct2", "--dtype", "float32"],
-            "dtype float32 is for model folders; ct2 is a CTranslate2 folder (compute_type)",
-        ),
-        (
-            ["--model", "ct2", "--device", "cpu", "--compute_type", unsupported],
-            f"compute_type {unsupported}: CTranslate2 {ctranslate2.__version__} computes in "
-            f"{', '.join(sorted(supported))} on this cpu",
-        ),
-    ]:
-        code, stderr = run("vanilla-translate", with_flags(work["vanilla-translate"], flags), capsys)
-        assert (code, stderr) == (1, [f"vanilla-translate: error: {message}"])
     assert files_under(tmp_path) == before
 
 
