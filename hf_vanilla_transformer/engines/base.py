@@ -22,8 +22,8 @@ class Translator:
     picks its precision) and `folders` the same in the plural; `ensembles` whether several folders decode together;
     `features` what `Steering` may ask of it, `decoding` the generate() settings it takes,
     `scoring` what it gives of given translations ("scores", "alignments"), `options` the loading options it takes
-    beyond device and threads. Every engine sets `tokenizer`, `max_positions`, `max_new_tokens_over_source`,
-    `num_beams` and `length_penalty` as its folder says."""
+    beyond device and threads. Every engine sets `tokenizer`, `max_positions`, `max_new_tokens_over_source`
+    and `num_beams` as its folder says, and `length_penalty` where it searches with beams."""
 
     engine: str
     folder: str
