@@ -1,4 +1,4 @@
-"""Word alignments from the encoder-decoder attention (tools/alignment.py) against eflomal's, on Multi30k en-de.
+"""Word alignments from the encoder-decoder attention (decoding/alignment.py) against eflomal's, on Multi30k en-de.
 
     OMP_NUM_THREADS=1 python -m bench alignments [--model runs/multi30k-small-seed1]
 

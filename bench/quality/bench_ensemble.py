@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python -m bench ensemble --models runs/multi30k-small-seed1 runs/multi30k-small-seed2
 
-Each model alone (its own generate()) and the ensemble of all (tools/ensemble.py: the mean of their log-probabilities
+Each model alone (its own generate()) and the ensemble of all (decoding/ensemble.py: the mean of their log-probabilities
 at each step) translate the English sources of --validation and --test (rows with "en" and "de") as
 vanilla-translate does: sorted by length into batches of --batch_size, each decoding as the models' generation
 config says (for a model run_translation.py trained, its recipe's beam and length penalty, at most the source
@@ -40,7 +40,7 @@ def translated_batch(model, tokenizer, sources: list[str]) -> list[str]:
 
 def timed_translation(model, tokenizer, sources: list[str], batch_size: int):
     """The translations of `sources`, in order, and the seconds they took. Batches are cut as vanilla-translate
-    cuts them (tools/translate.py): the stripped sentences sorted by token count, longest first."""
+    cuts them (translation/lines.py): the stripped sentences sorted by token count, longest first."""
     start = time.perf_counter()
     sources = [source.strip() for source in sources]
     lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
