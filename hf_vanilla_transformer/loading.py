@@ -15,7 +15,14 @@ from typing import NamedTuple
 from huggingface_hub.errors import StrictDataclassError
 
 from hf_vanilla_transformer.errors import first_line, one_line, transformers_lines_left_out
-from hf_vanilla_transformer.formats import CONFIG_NAME, MODEL_FILES, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_NAME
+from hf_vanilla_transformer.formats import (
+    CONFIG_NAME,
+    GENERATION_CONFIG_NAME,
+    MODEL_FILES,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_NAME,
+)
 from hf_vanilla_transformer.hardware import check_torch_device, default_device
 
 RUN_RECORD = "run_record.json"  # what the run that trained the model did (training/run.py), which its card shows
@@ -49,11 +56,27 @@ def load_ours(model_path: str):
     return load_model_and_tokenizer(model_path, "cpu", dtype="float32")
 
 
-def max_positions(generation_config) -> int:
+def max_positions(generation_config, model_path: str | None = None) -> int:
     """The most tokens a source, or a translation with its start token, may hold in the model of a folder of any kind
-    (ours or an export), as the folder's generation config records it: its `max_length` is the model's
-    `max_position_embeddings` (`length_limited_generation_config`), and every export carries that config."""
-    return generation_config.max_length
+    (ours or an export, at `model_path`), whose generation config is `generation_config`: its `max_length`,
+    which is the model's `max_position_embeddings` (`length_limited_generation_config`) unless the run that trained
+    it set a shorter one (`--generation_max_length`), which then bounds generate() too; every export carries that
+    config. Where it sets none, the `max_position_embeddings` of the folder's config.json (ours and the Marian and
+    ONNX exports' hold it)."""
+    if generation_config.max_length:
+        return generation_config.max_length
+    config_file = os.path.join(model_path or "", CONFIG_NAME)
+    positions = (
+        read_json_object(config_file).get("max_position_embeddings")
+        if model_path and os.path.isfile(config_file)
+        else None
+    )
+    if not isinstance(positions, int) or positions < 2:
+        raise ModelFolderError(
+            f"{os.path.join(model_path or '', GENERATION_CONFIG_NAME)}: no max_length, and no config.json with "
+            "max_position_embeddings beside it: the model's positions are unknown"
+        )
+    return positions
 
 
 def model_folder(model: str) -> str:

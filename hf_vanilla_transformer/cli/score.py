@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from hf_vanilla_transformer.decoding.ensemble import MembersDiffer
     from hf_vanilla_transformer.decoding.forced_decoding import check_pairs
-    from hf_vanilla_transformer.engines.registry import check_scoring, translator_loader
+    from hf_vanilla_transformer.engines.registry import check_scoring, translator_kind, translator_loader
     from hf_vanilla_transformer.files import InputError
     from hf_vanilla_transformer.translation.output import OUTPUT_FORMATS, format_translations, write_lines
     from hf_vanilla_transformer.translation.scoring import read_hypotheses, rescored
@@ -89,11 +89,16 @@ def main(argv: list[str] | None = None) -> None:
         "attention: after ' ||| ' in plain output, as \"alignment\" in jsonl (model folders).",
     )
     args = parser.parse_args(argv)
-    for asked, flag in (("scores", "--model"), ("alignments", "--alignments")):
+    try:
+        translator_kind(args.model)  # an ensemble of exports, refused as vanilla-translate refuses it
+    except ValueError as error:
+        parser.error(str(error))
+    asked = {"scores": "argument --model: scoring given translations is ", "alignments": "argument --alignments: "}
+    for name, refusal in asked.items():
         try:
-            check_scoring(args.model, [asked] if asked == "scores" or args.alignments else [])
+            check_scoring(args.model, [name] if name == "scores" or args.alignments else [])
         except ValueError as error:
-            parser.error(f"argument {flag}: {error}")
+            parser.error(f"{refusal}{error}")
     if args.source == args.target == "-":
         parser.error("argument --target: --source already reads standard input; give one of them as a file")
     check_output_is_not_an_input(parser, args.output, {"--source": args.source, "--target": args.target})

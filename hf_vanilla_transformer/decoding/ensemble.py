@@ -24,6 +24,7 @@ How it fits `generate()`, which it does not override:
 """
 
 import copy
+import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -258,6 +259,18 @@ class TranslationEnsemble(nn.Module, GenerationMixin):
         """
         limit = source_length_limit(self, batch.get("input_ids"), generation_config, dict(batch))
         return LogitsProcessorList([] if limit is None else [limit])
+
+    def source_length_limit(
+        self, batch: Mapping, generation_config: GenerationConfig | None = None
+    ) -> LogitsProcessorList:
+        """The former name of `length_limit_processors`, kept for one release (CHANGELOG.md)."""
+        warnings.warn(
+            "TranslationEnsemble.source_length_limit is now length_limit_processors; the old name goes in the next "
+            "release",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return self.length_limit_processors(batch, generation_config)
 
 
 class MembersDiffer(ValueError):

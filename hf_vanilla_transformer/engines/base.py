@@ -2,6 +2,7 @@
 declarations alone, never an engine's type (engines/registry.py picks the engine for a folder)."""
 
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -18,9 +19,9 @@ class Translator:
     word alignments).
 
     Each engine declares what it is and what it can do, so that anything else is refused before work
-    (engines/registry.py): `engine` names it in messages, `folder` the kind of folder it reads (with the option that
-    picks its precision) and `folders` the same in the plural; `ensembles` whether several folders decode together;
-    `features` what `Steering` may ask of it, `decoding` the generate() settings it takes,
+    (engines/registry.py): `engine` names it in messages, `folder` the kind of folder it reads and `folders` the
+    same in the plural, `precision` the option that picks its precision (None: none); `ensembles` whether several
+    folders decode together; `features` what `Steering` may ask of it, `decoding` the generate() settings it takes,
     `scoring` what it gives of given translations ("scores", "alignments"), `options` the loading options it takes
     beyond device and threads. Every engine sets `tokenizer`, `max_positions`, `max_new_tokens_over_source`
     and `num_beams` as its folder says, and `length_penalty` where it searches with beams."""
@@ -28,6 +29,7 @@ class Translator:
     engine: str
     folder: str
     folders: str
+    precision: str | None = None
     ensembles = False
     batches_per_call = 1
     features: frozenset[str] = frozenset()
@@ -89,6 +91,16 @@ class Translator:
         """Section 6.1's limit of each source length (`length_limits`) with the folder's settings."""
         lengths = torch.tensor(source_lengths, dtype=torch.long)
         return length_limits(lengths, self.max_positions, self.max_new_tokens_over_source, max_new_tokens).tolist()
+
+    def length_limit(self, source_length: int, max_new_tokens: int | None = None) -> int:
+        """The former one-sentence form of `length_limits`, kept for one release (CHANGELOG.md)."""
+        warnings.warn(
+            "Translator.length_limit is now length_limits, over many lengths; the old name goes in the next release",
+            FutureWarning,
+            stacklevel=2,
+        )
+        (limit,) = self.length_limits([source_length], max_new_tokens)
+        return limit
 
     @functools.cached_property
     def token_words(self) -> TokenWords:

@@ -41,8 +41,9 @@ class CTranslate2Translator(Translator):
     ensembles it has not."""
 
     engine = "CTranslate2"
-    folder = "a CTranslate2 folder (compute_type)"
+    folder = "a CTranslate2 folder"
     folders = "CTranslate2 folders"
+    precision = "compute_type"
     features = frozenset({"n_best", "scores", "alignments", "prefixes", "avoid"})
     decoding = Translator.decoding | Translator.sampling
     scoring = frozenset({"scores"})
@@ -74,7 +75,7 @@ class CTranslate2Translator(Translator):
 
         self.tokenizer = load_tokenizer(model_path)
         generation = GenerationConfig.from_pretrained(model_path)
-        self.max_positions = max_positions(generation)
+        self.max_positions = max_positions(generation, model_path)
         self.num_beams = generation.num_beams or 1
         # generate()'s default where the generation config sets none (a new model's does not)
         self.length_penalty = 1.0 if generation.length_penalty is None else generation.length_penalty

@@ -43,8 +43,9 @@ class ModelTranslator(Translator):
     own attention path gives."""
 
     engine = "generate()"
-    folder = "a model folder (dtype)"
+    folder = "a model folder"
     folders = "model folders"
+    precision = "dtype"
     ensembles = True
     features = frozenset({"n_best", "scores", "alignments", "prefixes", "constraints", "avoid"})
     decoding = Translator.decoding | Translator.sampling

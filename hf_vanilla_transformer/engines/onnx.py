@@ -77,7 +77,7 @@ class OnnxTranslator(Translator):
         self.tokenizer = load_tokenizer(model_path)
         self.config = MarianConfig.from_pretrained(model_path)
         generation = GenerationConfig.from_pretrained(model_path)
-        self.max_positions = max_positions(generation)
+        self.max_positions = max_positions(generation, model_path)
         self.max_new_tokens_over_source = max_new_tokens_over_source_of(generation)
         self.suppress_tokens = generation.suppress_tokens or []  # never written, as generate() never writes them
         self.past_names = past_names(self.config.decoder_layers)

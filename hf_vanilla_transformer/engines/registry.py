@@ -46,7 +46,8 @@ def translator_loader(
     for name, value in options.items():
         if name not in kind.options:
             owner = next(engine for engine in ENGINES if name in engine.options)
-            raise ValueError(f"{name} {value} is for {owner.folders}; {paths[0]} is {kind.folder}")
+            precision = f" ({kind.precision})" if kind.precision else ""
+            raise ValueError(f"{name} {value} is for {owner.folders}; {paths[0]} is {kind.folder}{precision}")
     return kind.loader(paths, device, threads, options)
 
 

@@ -820,12 +820,13 @@ def length_limits(
     """Section 6.1's rule, the one place it is computed: the most tokens each source of `source_lengths` tokens may
     be translated into, `</s>` included. That is its length (at most the `positions`) + `max_new_tokens_over_source`
     (None: no such limit), within what the positions leave after the decoder's `prompt_length` start tokens, and
-    within `max_new_tokens` (None: no such limit). Every route decodes by it: our `generate()` (`source_length_limit`),
-    constrained beam search, CTranslate2, ONNX Runtime and the checks of prefixes and constraints."""
+    within `max_new_tokens` (None or 0: no such limit). Every route decodes by it: our `generate()`
+    (`source_length_limit`), constrained beam search, CTranslate2, ONNX Runtime and the checks of prefixes and
+    constraints."""
     limits = torch.full_like(source_lengths, positions - prompt_length)
     if max_new_tokens_over_source is not None:
         limits = torch.minimum(limits, source_lengths.clamp(max=positions) + max_new_tokens_over_source)
-    return limits if max_new_tokens is None else limits.clamp(max=max_new_tokens)
+    return limits.clamp(max=max_new_tokens) if max_new_tokens else limits
 
 
 def max_new_tokens_over_source_of(generation_config: GenerationConfig) -> int | None:

@@ -93,7 +93,7 @@ def check_steering_of(model_path: str, lines: list[str], steering: Steering, max
     todo = [index for index, line in enumerate(lines) if line.strip()]
     lengths = torch.tensor(token_counts(tokenizer, [lines[index].strip() for index in todo]), dtype=torch.long)
     over_source = max_new_tokens_over_source_of(generation)
-    limits = length_limits(lengths, max_positions(generation), over_source, max_new_tokens).tolist()
+    limits = length_limits(lengths, max_positions(generation, model_path), over_source, max_new_tokens).tolist()
     check_steering(tokenizer, steering, todo, limits)
 
 

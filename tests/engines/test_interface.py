@@ -84,5 +84,14 @@ def test_scoring_with_an_engine_that_cannot_is_refused_before_anything_is_read(t
     with pytest.raises(SystemExit) as stop:
         score_main(["--model", folder, "--source", str(tmp_path / "given.en"), "--target", str(tmp_path / "given.de")])
     error = capsys.readouterr().err
-    assert stop.value.code == 2 and "argument --model: for CTranslate2 folders or model folders" in error
-    assert "is an ONNX folder" in error and len(error.strip().splitlines()[-1]) < 300
+    assert stop.value.code == 2 and "argument --model: scoring given translations is for CTranslate2 folders" in error
+    assert "or model folders;" in error and "is an ONNX folder" in error and len(error.strip().splitlines()[-1]) < 300
+    # an ensemble with an export: refused as vanilla-translate refuses it
+    with pytest.raises(SystemExit) as stop:
+        score_main(
+            ["--model", folder, folder, "--source", str(tmp_path / "given.en"), "--target", str(tmp_path / "given.de")]
+        )
+    assert (
+        stop.value.code == 2
+        and "is an export; only model folders decode together as an ensemble" in capsys.readouterr().err
+    )
