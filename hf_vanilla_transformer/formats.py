@@ -1,6 +1,8 @@
 """The files a model folder holds, by format, named here once: ours (`save_pretrained`), the CTranslate2 export's
 and the ONNX export's; and, from those names, the one list of a folder's files for each purpose: what a Hub download
-takes (`MODEL_FILES`) and what a push uploads (`UPLOADED`)."""
+takes (`MODEL_FILES`) and what a push uploads (`UPLOADED`); and whether a folder is of an export's format."""
+
+import os
 
 CONFIG_NAME = "config.json"
 GENERATION_CONFIG_NAME = "generation_config.json"
@@ -11,6 +13,9 @@ CTRANSLATE2_WEIGHTS = "model.bin"  # CTranslate2's one file of weights (and its 
 ONNX_FOLDER = "onnx"  # the graphs' folder, in transformers.js's layout
 QUANTIZED = "_quantized"  # transformers.js's suffix for int8 graphs (its dtype "q8")
 ENCODER_GRAPH, DECODER_GRAPH = "encoder_model", "decoder_model_merged"  # the ONNX graphs, without ".onnx"
+CARD_NAME = "README.md"  # the model card, as the Hub shows it
+RUN_RECORD = "run_record.json"  # what the run that trained the model did (training/run.py), which its card shows
+PREDICTIONS_FILE = "generated_predictions.txt"  # the test set's translations, named as transformers' example names them
 
 # What the model folders we load hold (ours, and our CTranslate2 and ONNX exports): a Hub download takes these files
 # and nothing else. No code (no folder's code is ever run here), no pickles, no checkpoints or training state.
@@ -56,16 +61,24 @@ UPLOADED = (
     "modeling_*.py",
     "pipeline_*.py",
     # the card, and the pictures a card shows (attention.png)
-    "README.md",
+    CARD_NAME,
     "*.png",
     "*.jpg",
     "*.jpeg",
     "*.svg",
     # the results: the scores, the record the card is written from, the test set's translations
     "*_results.json",
-    "run_record.json",
-    "generated_predictions.txt",
+    RUN_RECORD,
+    PREDICTIONS_FILE,
     # the ONNX export's graphs in transformers.js's layout, and beside one over 2 GB its weights
     f"{ONNX_FOLDER}/*.onnx",
     f"{ONNX_FOLDER}/*.onnx_data",
 )
+
+
+def is_ctranslate2_folder(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, CTRANSLATE2_WEIGHTS))
+
+
+def is_onnx_folder(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, ONNX_FOLDER, f"{DECODER_GRAPH}.onnx"))

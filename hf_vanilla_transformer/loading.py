@@ -25,8 +25,6 @@ from hf_vanilla_transformer.formats import (
 )
 from hf_vanilla_transformer.hardware import check_torch_device, default_device
 
-RUN_RECORD = "run_record.json"  # what the run that trained the model did (training/run.py), which its card shows
-
 logger = logging.getLogger(__name__)
 
 

@@ -17,6 +17,18 @@ import urllib.parse
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
+from hf_vanilla_transformer.formats import (
+    CONFIG_NAME,
+    DECODER_GRAPH,
+    ENCODER_GRAPH,
+    GENERATION_CONFIG_NAME,
+    ONNX_FOLDER,
+    QUANTIZED,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    is_onnx_folder,
+)
+
 PAGE_FOLDER = os.path.dirname(os.path.abspath(__file__))
 # seconds a connection may wait for its client's next byte, or for its client to take more of a response: each holds
 # a thread, and a browser opens a new connection when it needs one
@@ -40,14 +52,14 @@ LIBRARY_FILES = frozenset(
 # what transformers.js reads of an export (vanilla-export-onnx's layout): ?dtype=q8 loads the _quantized graphs
 MODEL_FILES = frozenset(
     [
-        "config.json",
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
+        CONFIG_NAME,
+        GENERATION_CONFIG_NAME,
+        TOKENIZER_FILE,
+        TOKENIZER_CONFIG_FILE,
         *(
-            f"onnx/{graph}{dtype}.onnx"
-            for graph in ("encoder_model", "decoder_model_merged")
-            for dtype in ("", "_quantized")
+            f"{ONNX_FOLDER}/{graph}{dtype}.onnx"
+            for graph in (ENCODER_GRAPH, DECODER_GRAPH)
+            for dtype in ("", QUANTIZED)
         ),
     ]
 )
@@ -134,8 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="A folder written by vanilla-export-onnx.")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
-    if not os.path.isfile(os.path.join(args.model, "onnx", "decoder_model_merged.onnx")):
-        parser.error(f"{args.model}: not an ONNX export (no onnx/decoder_model_merged.onnx); see vanilla-export-onnx")
+    if not is_onnx_folder(args.model):
+        parser.error(
+            f"{args.model}: not an ONNX export (no {ONNX_FOLDER}/{DECODER_GRAPH}.onnx); see vanilla-export-onnx"
+        )
     if not os.path.isdir(os.path.join(PAGE_FOLDER, "node_modules", "@huggingface", "transformers")):
         parser.error(f"{PAGE_FOLDER}/node_modules has no transformers.js: run npm ci --ignore-scripts there")
     server = page_server(args.model, args.port)

@@ -138,7 +138,7 @@ class TranslationEnsemble(nn.Module, GenerationMixin):
 
     `config` is a copy of the first member's, which generate() reads the shared special tokens from, with
     `max_position_embeddings` the smallest of the members'; `generation_config` is a copy of the first member's:
-    its decoding (beam, length penalty) is the ensemble's. Section 6.1's length rule is `source_length_limit`.
+    its decoding (beam, length penalty) is the ensemble's. Section 6.1's length rule is `length_limit_processors`.
     """
 
     main_input_name = "input_ids"

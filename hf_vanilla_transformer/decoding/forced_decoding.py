@@ -1,13 +1,13 @@
 """The model's score of given translations: forced decoding, as fairseq's `--score-reference`, marian-scorer and
-CTranslate2's `score_batch` compute it, for filtering a corpus, reranking n-best lists or quality estimation. What
-`vanilla-score` (cli/score.py) runs.
+CTranslate2's `score_batch` compute it, for filtering a corpus, reranking n-best lists or quality estimation. Our
+model's engine scores with it (`Translator.score`, which `vanilla-score` runs).
 
 Each target is tokenized as training tokenizes labels (`tokenizer(text_target=...)`, which appends `</s>`) and
 scored token by token under teacher forcing: log P(y_t | y_<t, x), the model's log-softmax computed in float32. The
 sum is log P(y | x), and the score what transformers' beam search ranks by, log P(y | x) / |y|^length_penalty:
 the same numbers `sequence_scores` (model/pipeline_translation.py) gives for a translation `generate()` produced.
-Pairs are scored in batches of similar length and returned in input order. A CTranslate2 folder (from
-`vanilla-export-ctranslate2`) is scored with CTranslate2's `score_batch`.
+Pairs are scored in batches of similar length and returned in input order (`scored_pairs`, which the CTranslate2
+engine also uses, with its `score_batch` in place of the forward pass).
 """
 
 import functools

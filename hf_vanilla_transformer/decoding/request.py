@@ -1,4 +1,6 @@
-"""REQUEST"""
+"""What is asked of a translator and what comes back, whatever engine runs it: `Steering`, what is asked beyond the
+decoding settings (n-best lists, scores, alignments, prefixes, constraints, phrases to avoid), with its per-line
+checks; `Hypothesis`, one translation and what the model says of it; `SteeringError`, a line that cannot be used."""
 
 import dataclasses
 

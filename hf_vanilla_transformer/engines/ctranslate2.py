@@ -1,7 +1,7 @@
 """Translation with CTranslate2 from a folder written by `vanilla-export-ctranslate2` (export/ctranslate2.py):
 `ctranslate2.Translator`'s `translate_batch` with the model's decoding and its own options for what `Steering` asks
 (n-best lists, prefixes, sampling, the attention for alignments), `score_batch` for the tokens' log-probabilities.
-The format's names (`QUANTIZATIONS`, the weights' file) are the engine's; the export reads them here.
+The weights' types it converts to (`QUANTIZATIONS`) are the engine's; the export reads them here.
 """
 
 import functools
@@ -17,7 +17,7 @@ from hf_vanilla_transformer.decoding.prefix import prefix_token_ids
 from hf_vanilla_transformer.decoding.request import Hypothesis, Steering
 from hf_vanilla_transformer.engines.base import Translator
 from hf_vanilla_transformer.extras import require
-from hf_vanilla_transformer.formats import CTRANSLATE2_WEIGHTS
+from hf_vanilla_transformer.formats import is_ctranslate2_folder
 from hf_vanilla_transformer.hardware import check_device
 from hf_vanilla_transformer.loading import load_tokenizer, max_positions
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
@@ -219,10 +219,6 @@ class CTranslate2Translator(Translator):
 
     def decode(self, tokens: list[str]) -> str:
         return self.tokenizer.decode(self.tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True)
-
-
-def is_ctranslate2_folder(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, CTRANSLATE2_WEIGHTS))
 
 
 def token_attention_alignment(tokenizer, source: list[str], target: list[str], weights: list[list[float]]):

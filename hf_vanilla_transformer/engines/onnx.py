@@ -15,14 +15,10 @@ from transformers import GenerationConfig, MarianConfig
 from hf_vanilla_transformer.decoding.request import Hypothesis, Steering
 from hf_vanilla_transformer.engines.base import Translator
 from hf_vanilla_transformer.extras import require
-from hf_vanilla_transformer.formats import DECODER_GRAPH, ENCODER_GRAPH, ONNX_FOLDER, QUANTIZED
+from hf_vanilla_transformer.formats import DECODER_GRAPH, ENCODER_GRAPH, ONNX_FOLDER, QUANTIZED, is_onnx_folder
 from hf_vanilla_transformer.hardware import check_device
 from hf_vanilla_transformer.loading import load_tokenizer, max_positions
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import max_new_tokens_over_source_of
-
-
-def is_onnx_folder(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, ONNX_FOLDER, f"{DECODER_GRAPH}.onnx"))
 
 
 def past_names(layers: int) -> list[str]:

@@ -13,8 +13,9 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from hf_vanilla_transformer.files import write_text_atomically
+from hf_vanilla_transformer.formats import CARD_NAME, RUN_RECORD
 from hf_vanilla_transformer.inspection.pictures import write_card_picture
-from hf_vanilla_transformer.loading import RUN_RECORD, load_model_and_tokenizer, read_json_object
+from hf_vanilla_transformer.loading import load_model_and_tokenizer, read_json_object
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     max_new_tokens_over_source_of,
     paper_generation_config,
@@ -141,7 +142,7 @@ def write_export_card(
     and scores), with the export's `library_name` and tags, and its "How to use" section replaced by
     `usage(model_id, example_source)`, the example being the card's `widget` sentence. The pictures the card shows
     are copied with it."""
-    card_path = os.path.join(model_path, "README.md")
+    card_path = os.path.join(model_path, CARD_NAME)
     card = (
         ModelCard.load(card_path)
         if os.path.isfile(card_path)
@@ -153,7 +154,7 @@ def write_export_card(
     widget = card.data.to_dict().get("widget") or [{}]
     section = usage(model_id, widget[0].get("text", "..."))
     card.text = replace_section(card.text, "How to use", section)
-    card.save(os.path.join(folder, "README.md"))
+    card.save(os.path.join(folder, CARD_NAME))
     for picture in LOCAL_PICTURE.findall(card.text):
         if os.path.isfile(os.path.join(model_path, picture)):
             shutil.copy(os.path.join(model_path, picture), folder)
@@ -196,6 +197,6 @@ def write_model_card(folder: str, model=None, tokenizer=None) -> str:
         example_translation=example["translation"],
         attention_picture=picture and os.path.basename(picture),
     )
-    path = os.path.join(folder, "README.md")
+    path = os.path.join(folder, CARD_NAME)
     write_text_atomically(path, str(card))
     return path

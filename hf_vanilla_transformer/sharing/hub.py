@@ -10,7 +10,7 @@ from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
 
 from hf_vanilla_transformer.errors import one_line
 from hf_vanilla_transformer.files import UNPRINTABLE_IN_A_NAME, InputError, unprintable_character
-from hf_vanilla_transformer.formats import UPLOADED
+from hf_vanilla_transformer.formats import CARD_NAME, UPLOADED
 from hf_vanilla_transformer.sharing.markdown import code_literal
 
 
@@ -112,7 +112,7 @@ def push_model_folder(
 
 def card_for(path: Path, repo_id: str) -> bytes | None:
     """The model card at `path` as it reads in repository `repo_id`; None for any other file."""
-    if path.name != "README.md":
+    if path.name != CARD_NAME:
         return None
     card = ModelCard.load(path)
     old_id = card.data.model_name

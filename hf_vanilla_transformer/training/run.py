@@ -21,9 +21,9 @@ from tqdm.auto import tqdm
 from transformers import DataCollatorForSeq2Seq, set_seed
 
 from hf_vanilla_transformer.files import check_output_dir, check_output_dir_is_ours, write_text_atomically
-from hf_vanilla_transformer.formats import TOKENIZER_FILE
+from hf_vanilla_transformer.formats import PREDICTIONS_FILE, RUN_RECORD, TOKENIZER_FILE
 from hf_vanilla_transformer.hardware import describe_hardware, keep_more_onednn_kernels
-from hf_vanilla_transformer.loading import RUN_RECORD, load_model, load_tokenizer
+from hf_vanilla_transformer.loading import load_model, load_tokenizer
 from hf_vanilla_transformer.model.configuration_vanilla_transformer import VanillaTransformerConfig
 from hf_vanilla_transformer.model.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
@@ -366,7 +366,7 @@ def train_and_evaluate(run: Run) -> dict:
                 example = (splits["test"]["source"][0], predictions[0])
             if split == "test" and trainer.is_world_process_zero():
                 write_text_atomically(
-                    os.path.join(args.output_dir, "generated_predictions.txt"), "".join(p + "\n" for p in predictions)
+                    os.path.join(args.output_dir, PREDICTIONS_FILE), "".join(p + "\n" for p in predictions)
                 )
         metrics[f"{prefix}_samples"] = len(references)
         trainer.log_metrics(prefix, metrics)

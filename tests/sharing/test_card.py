@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
-from hf_vanilla_transformer.loading import RUN_RECORD
+from hf_vanilla_transformer.formats import RUN_RECORD
 from hf_vanilla_transformer.sharing.card import render_model_card, write_export_card, write_model_card
 from hf_vanilla_transformer.sharing.markdown import code_literal, fenced_block, inline_code, markdown_text
 from support.files import write_dataset
