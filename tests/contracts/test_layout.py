@@ -36,8 +36,8 @@ MAY_IMPORT = {
     "engines": {"model", "base", "decoding"},
     "translation": {"model", "base", "decoding", "engines"},
     "inspection": {"model", "base", "decoding"},
-    "sharing": {"model", "base", "decoding", "inspection"},
-    "export": {"model", "base", "decoding", "engines", "sharing", "inspection"},
+    "sharing": {"model", "base", "inspection"},
+    "export": {"model", "base", "decoding", "engines", "sharing"},
     "cli": {"model", "base", "training", "decoding", "engines", "translation", "inspection", "sharing", "export"},
     "tools": {"model", "base", "decoding", "engines", "translation", "inspection", "sharing", "export"},
     "": {"model"},  # the package's __init__: it registers the model with transformers' auto classes
