@@ -5,11 +5,13 @@ import dataclasses
 import pickle
 import random
 import re
+import traceback
 
 import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard
 from datasets import Dataset
+from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader
 from transformers import (
     DataCollatorForSeq2Seq,
@@ -718,3 +720,56 @@ def test_the_moving_average_of_the_weights_is_the_final_model_and_goes_on_from_a
     trainer(tmp_path / "plain", max_steps=4, ema_decay=None).train()
     with pytest.raises(ValueError, match="checkpoint-4: no moving average of the weights to go on from"):
         trainer(tmp_path / "plain").train(resume_from_checkpoint=str(tmp_path / "plain" / "checkpoint-4"))
+
+
+class HostReads(TorchFunctionMode):
+    """Each call that reads a tensor's value on the host (`.item()`, `bool(t)`, `.tolist()`, ...), which on a GPU
+    waits for the device, recorded by the innermost frame of our package or a library that made it."""
+
+    READS = frozenset({"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "numpy"})
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.READS:
+            frames = [frame.filename for frame in traceback.extract_stack()[:-1]]
+            placed = [name for name in frames if "site-packages" in name or "hf_vanilla_transformer" in name]
+            self.calls.append(placed[-1] if placed else frames[-1])
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_training_step_reads_nothing_back_from_the_device_in_our_code(tmp_path):
+    """No `.item()` or the like of ours inside a step, where a GPU would wait for the host: over 12 steps of token
+    budget batches with label smoothing, every read of a tensor's value is transformers' (its attention-mask check
+    and, unless --logging_nan_inf_filter false, its loss check) or the data loader's."""
+    tokenizer = letter_tokenizer()
+    rng = random.Random(0)
+    sources = [" ".join(rng.choices(LETTERS, k=rng.randint(2, 30))) for _ in range(300)]
+    dataset = Dataset.from_dict(dict(tokenizer(sources, text_target=[s[::-1] for s in sources])))
+    model = tiny_model(vocab_size=len(tokenizer))
+    reads = {}
+    for nan_inf_filter in (True, False):
+        args = TranslationTrainingArguments(
+            output_dir=str(tmp_path),
+            max_steps=12,
+            max_tokens_per_batch=256,
+            label_smoothing_factor=0.1,
+            logging_nan_inf_filter=nan_inf_filter,
+            logging_steps=100,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+        )
+        collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+        trainer = TranslationTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+        with HostReads() as recorder:
+            trainer.train()
+        reads[nan_inf_filter] = recorder.calls
+    assert not [place for calls in reads.values() for place in calls if "hf_vanilla_transformer" in place]
+    trainer_reads = [
+        [place for place in calls if place.endswith("transformers/trainer.py")] for calls in reads.values()
+    ]
+    assert len(trainer_reads[0]) - len(trainer_reads[1]) == 2 * 12  # the loss check (isnan, isinf), each step
+    assert reads[False]  # the recorder sees reads: transformers' attention-mask check, the data loader's seed
