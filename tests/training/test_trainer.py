@@ -2,9 +2,12 @@
 the model training with transformers' Seq2SeqTrainer and DataCollatorForSeq2Seq, unchanged."""
 
 import dataclasses
+import os
 import pickle
 import random
 import re
+import subprocess
+import sys
 import traceback
 
 import pytest
@@ -773,3 +776,51 @@ def test_a_training_step_reads_nothing_back_from_the_device_in_our_code(tmp_path
     ]
     assert len(trainer_reads[0]) - len(trainer_reads[1]) == 2 * 12  # the loss check (isnan, isinf), each step
     assert reads[False]  # the recorder sees reads: transformers' attention-mask check, the data loader's seed
+
+
+COMPILED_RUN = """
+import random, sys
+sys.path.insert(0, {tests!r})
+import torch
+from datasets import Dataset
+from transformers import DataCollatorForSeq2Seq
+from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
+from hf_vanilla_transformer.training.trainer import TranslationTrainer
+from support.models import LETTERS, letter_tokenizer, tiny_model
+
+torch.set_num_threads(1)
+tokenizer = letter_tokenizer()
+rng = random.Random(0)
+sources = [" ".join(rng.choices(LETTERS, k=rng.randint(2, 40))) for _ in range(600)]
+dataset = Dataset.from_dict(dict(tokenizer(sources, text_target=[s[::-1] for s in sources])))
+model = tiny_model(vocab_size=len(tokenizer))
+args = TranslationTrainingArguments(
+    output_dir={output!r}, max_steps=40, max_tokens_per_batch=256, label_smoothing_factor=0.1, logging_steps=1000,
+    save_strategy="no", report_to=[], use_cpu=True, torch_compile=True, torch_compile_backend="eager",
+)
+collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+trainer = TranslationTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+shapes = {{(*batch["input_ids"].shape, *batch["labels"].shape) for batch in trainer.get_train_dataloader()}}
+print("SHAPES", len(shapes))
+trainer.train()
+"""
+
+
+@pytest.mark.slow
+def test_a_compiled_training_step_compiles_twice_whatever_the_shapes_of_the_token_budget_batches(tmp_path):
+    """Under --torch_compile, 40 steps of token-budget batches, whose shapes differ from batch to batch, compile the
+    model's forward once for the first shape and once more with dynamic shapes, then never again (torch's own
+    recompile log, TORCH_LOGS=recompiles, counts it; dynamo's eager backend traces as inductor would, quickly)."""
+    script = COMPILED_RUN.format(tests=str(REPO_ROOT / "tests"), output=str(tmp_path / "run"))
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "TORCH_LOGS": "recompiles", "HF_HUB_OFFLINE": "1"},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    shapes = int(re.search(r"SHAPES (\d+)", result.stdout).group(1))
+    recompiles = re.findall(r"Recompiling function (\w+)", result.stderr)
+    assert shapes >= 20 and recompiles == ["forward"], (shapes, recompiles)
