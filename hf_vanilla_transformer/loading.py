@@ -63,15 +63,13 @@ def max_positions(generation_config, model_path: str | None = None) -> int:
     ONNX exports' hold it)."""
     if generation_config.max_length:
         return generation_config.max_length
-    config_file = os.path.join(model_path or "", CONFIG_NAME)
-    positions = (
-        read_json_object(config_file).get("max_position_embeddings")
-        if model_path and os.path.isfile(config_file)
-        else None
-    )
+    folder = model_path or ""
+    config_file = os.path.join(folder, CONFIG_NAME)
+    config = read_json_object(config_file) if model_path and os.path.isfile(config_file) else {}
+    positions = config.get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 2:
         raise ModelFolderError(
-            f"{os.path.join(model_path or '', GENERATION_CONFIG_NAME)}: no max_length, and no config.json with "
+            f"{os.path.join(folder, GENERATION_CONFIG_NAME)}: no max_length, and no config.json with "
             "max_position_embeddings beside it: the model's positions are unknown"
         )
     return positions

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from hf_vanilla_transformer.decoding.ensemble import MembersDiffer
     from hf_vanilla_transformer.decoding.forced_decoding import check_pairs
-    from hf_vanilla_transformer.engines.registry import check_scoring, translator_kind, translator_loader
+    from hf_vanilla_transformer.engines.registry import ScoringRefused, check_scoring, translator_loader
     from hf_vanilla_transformer.files import InputError
     from hf_vanilla_transformer.translation.output import OUTPUT_FORMATS, format_translations, write_lines
     from hf_vanilla_transformer.translation.scoring import read_hypotheses, rescored
@@ -90,15 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
-        translator_kind(args.model)  # an ensemble of exports, refused as vanilla-translate refuses it
-    except ValueError as error:
+        check_scoring(args.model, ["scores", "alignments"] if args.alignments else ["scores"])
+    except ScoringRefused as error:
+        flag = "--model: scoring given translations is " if error.asked == "scores" else "--alignments: "
+        parser.error(f"argument {flag}{error}")
+    except ValueError as error:  # an ensemble with an export, refused as vanilla-translate refuses it
         parser.error(str(error))
-    asked = {"scores": "argument --model: scoring given translations is ", "alignments": "argument --alignments: "}
-    for name, refusal in asked.items():
-        try:
-            check_scoring(args.model, [name] if name == "scores" or args.alignments else [])
-        except ValueError as error:
-            parser.error(f"{refusal}{error}")
     if args.source == args.target == "-":
         parser.error("argument --target: --source already reads standard input; give one of them as a file")
     check_output_is_not_an_input(parser, args.output, {"--source": args.source, "--target": args.target})

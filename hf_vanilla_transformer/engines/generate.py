@@ -8,6 +8,7 @@ import logging
 import torch
 from transformers.generation import LogitsProcessorList
 
+from hf_vanilla_transformer.decoding.alignment import align
 from hf_vanilla_transformer.decoding.avoid import AvoidLogitsProcessor
 from hf_vanilla_transformer.decoding.forced_decoding import (
     exact_scores_need_same_shapes,
@@ -177,8 +178,6 @@ class ModelTranslator(Translator):
                 for hypothesis, score in zip(found_hypotheses, scores, strict=True)
             ]
         if steering.alignments:
-            from hf_vanilla_transformer.decoding.alignment import align
-
             # a line longer than the positions is aligned as it was translated: from its first tokens
             shown = [self.within_positions(sentences[sentence]) for sentence, _ in kept]
             for hypothesis, pairs in zip(
@@ -255,8 +254,6 @@ class ModelTranslator(Translator):
         return score_translations(self.model, self.tokenizer, sources, targets, batch_size, length_penalty, names)
 
     def align(self, sources: list[str], targets: list[str], batch_size: int) -> list[list[tuple[int, int]]]:
-        from hf_vanilla_transformer.decoding.alignment import align
-
         return align(self.aligner, self.tokenizer, sources, targets, batch_size=batch_size)
 
     def within_positions(self, sentence: str) -> str:

@@ -72,11 +72,20 @@ def check_request(model_paths: list[str], steering: Steering, generate_kwargs: d
         raise ValueError(f"{model_paths[0]} is translated by {kind.engine}, which cannot give {', '.join(unable)}")
 
 
+class ScoringRefused(ValueError):
+    """What is asked of given translations (`asked`: "scores" or "alignments") and the folder's engine cannot give."""
+
+    def __init__(self, message: str, asked: str):
+        super().__init__(message)
+        self.asked = asked
+
+
 def check_scoring(model_paths: list[str], asked: list[str]) -> None:
     """Refuses, in one line naming the folder, what is `asked` of given translations ("scores", "alignments") where
-    the folder's engine cannot give it (its declared `scoring`), before anything is loaded or read."""
+    the folder's engine cannot give it (its declared `scoring`: `ScoringRefused`), and an ensemble with an export
+    (`translator_kind`'s ValueError), before anything is loaded or read."""
     kind = translator_kind(model_paths)
     for name in asked:
         if name not in kind.scoring:
             owners = " or ".join(engine.folders for engine in ENGINES if name in engine.scoring)
-            raise ValueError(f"for {owners}; {model_paths[0]} is {kind.folder}")
+            raise ScoringRefused(f"for {owners}; {model_paths[0]} is {kind.folder}", name)

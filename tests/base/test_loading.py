@@ -437,3 +437,21 @@ def test_another_model_type_is_refused_for_an_export_before_it_is_loaded(tmp_pat
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "marian"}))  # no weights, no tokenizer
     with pytest.raises(ModelFolderError, match=r"/config.json: model_type 'marian' is not ours \(vanilla_"):
         load_ours(str(tmp_path))
+
+
+def test_a_folders_positions_are_its_generation_configs_max_length_else_its_configs(tmp_path):
+    """`max_positions`, the one reader of a folder's positions: the generation config's `max_length`; where it
+    sets none (a hand-edited folder, or an export whose config is Marian's), config.json's
+    `max_position_embeddings`; where neither says, one error naming the generation config."""
+    from transformers import GenerationConfig
+
+    assert loading.max_positions(GenerationConfig(max_length=48), str(tmp_path)) == 48
+    without = GenerationConfig()
+    without.max_length = None
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 96}))
+    assert loading.max_positions(without, str(tmp_path)) == 96
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "ctranslate2's own"}))
+    with pytest.raises(ModelFolderError, match=r"generation_config.json: no max_length, and no config.json with"):
+        loading.max_positions(without, str(tmp_path))
+    with pytest.raises(ModelFolderError, match=r"^generation_config.json: no max_length"):
+        loading.max_positions(without)

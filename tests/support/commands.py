@@ -1,5 +1,5 @@
 """The console scripts run in this process on broken model folders, for the tests of what they refuse before any
-work (their fixture, `work`, is in the conftest.py of cli/ and engines/)."""
+work (their fixture, `work`, is in tests/conftest.py)."""
 
 import pytest
 

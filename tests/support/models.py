@@ -87,10 +87,11 @@ def random_token_dataset(size: int, seed: int) -> Dataset:
     return Dataset.from_dict({"input_ids": [s for s, _ in rows], "labels": [t for _, t in rows]})
 
 
-def reversal_dataset(tokenizer, size: int, seed: int) -> Dataset:
-    """Translate a letter string into its reverse: a task a tiny Transformer learns in a few hundred steps."""
+def reversal_dataset(tokenizer, size: int, seed: int, letters: tuple[int, int] = (3, 7)) -> Dataset:
+    """Translate a letter string into its reverse: a task a tiny Transformer learns in a few hundred steps. Each
+    source holds between `letters[0]` and `letters[1]` letters."""
     rng = random.Random(seed)
-    sources = [" ".join(rng.choices(LETTERS, k=rng.randint(3, 7))) for _ in range(size)]
+    sources = [" ".join(rng.choices(LETTERS, k=rng.randint(*letters))) for _ in range(size)]
     targets = [" ".join(reversed(s.split())) for s in sources]
     return Dataset.from_dict({"source": sources, "target": targets}).map(
         lambda batch: tokenizer(batch["source"], text_target=batch["target"]),

@@ -1,5 +1,5 @@
 """vanilla-translate's steering on tiny models: the model folders the steering tests share (their fixture,
-`folders`, is in the conftest.py of cli/, engines/ and translation/), and the command run in this process."""
+`folders`, is in tests/conftest.py), and the command run in this process."""
 
 import json
 import sys

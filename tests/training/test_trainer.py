@@ -40,7 +40,6 @@ from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator, train_
 from hf_vanilla_transformer.training.trainer import TranslationTrainer, training_is_over
 from support.models import (
     BOS,
-    LETTERS,
     letter_tokenizer,
     random_token_dataset,
     reversal_dataset,
@@ -169,9 +168,7 @@ def test_inverse_sqrt_schedule_is_equation_3(d_model, warmup, scale):
 
 def test_trainer_batches_by_token_budget_with_gradient_accumulation(tmp_path):
     tokenizer = letter_tokenizer()
-    rng = random.Random(0)
-    sources = [" ".join(rng.choices(LETTERS, k=rng.randint(2, 30))) for _ in range(300)]
-    dataset = Dataset.from_dict(dict(tokenizer(sources, text_target=[s[::-1] for s in sources])))
+    dataset = reversal_dataset(tokenizer, 300, seed=0, letters=(2, 30))
     model = tiny_model(vocab_size=len(tokenizer))
     args = TranslationTrainingArguments(
         output_dir=str(tmp_path),
@@ -748,9 +745,7 @@ def test_a_training_step_reads_nothing_back_from_the_device_in_our_code(tmp_path
     budget batches with label smoothing, every read of a tensor's value is transformers' (its attention-mask check
     and, unless --logging_nan_inf_filter false, its loss check) or the data loader's."""
     tokenizer = letter_tokenizer()
-    rng = random.Random(0)
-    sources = [" ".join(rng.choices(LETTERS, k=rng.randint(2, 30))) for _ in range(300)]
-    dataset = Dataset.from_dict(dict(tokenizer(sources, text_target=[s[::-1] for s in sources])))
+    dataset = reversal_dataset(tokenizer, 300, seed=0, letters=(2, 30))
     model = tiny_model(vocab_size=len(tokenizer))
     reads = {}
     for nan_inf_filter in (True, False):
@@ -779,20 +774,17 @@ def test_a_training_step_reads_nothing_back_from_the_device_in_our_code(tmp_path
 
 
 COMPILED_RUN = """
-import random, sys
+import sys
 sys.path.insert(0, {tests!r})
 import torch
-from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq
 from hf_vanilla_transformer.training.arguments import TranslationTrainingArguments
 from hf_vanilla_transformer.training.trainer import TranslationTrainer
-from support.models import LETTERS, letter_tokenizer, tiny_model
+from support.models import letter_tokenizer, reversal_dataset, tiny_model
 
 torch.set_num_threads(1)
 tokenizer = letter_tokenizer()
-rng = random.Random(0)
-sources = [" ".join(rng.choices(LETTERS, k=rng.randint(2, 40))) for _ in range(600)]
-dataset = Dataset.from_dict(dict(tokenizer(sources, text_target=[s[::-1] for s in sources])))
+dataset = reversal_dataset(tokenizer, 600, seed=0, letters=(2, 40))
 model = tiny_model(vocab_size=len(tokenizer))
 args = TranslationTrainingArguments(
     output_dir={output!r}, max_steps=40, max_tokens_per_batch=256, label_smoothing_factor=0.1, logging_steps=1000,
