@@ -3,8 +3,9 @@
     python -m bench gpu_check
 
 On a CUDA device, for the "small" preset and the paper's "base" model, built for Multi30k's 8,000-token shared BPE:
-1. training steps (forward, backward, fused Adam) under bf16 autocast with fp32 weights, sdpa attention, on the
-   same Multi30k batches cut by our token-budget sampler, ours and MarianMTModel of the same shape interleaved
+1. training steps (forward, backward, fused Adam) under bf16 autocast with fp32 weights, sdpa attention, label
+   smoothing 0.1 (ours: TranslationTrainer's one-pass loss; Marian: the stock Seq2SeqTrainer's `LabelSmoother`), on
+   the same Multi30k batches cut by our token-budget sampler, ours and MarianMTModel of the same shape interleaved
    (median), with model FLOPs utilisation against the bf16 matmul rate measured in the same run; with --compile,
    ours under `torch.compile` too (dynamic shapes: the batches' lengths differ), its MFU beside eager's;
 2. decoding all 1,000 Multi30k test sentences, batch 64, greedy and beam 4, exactly --new_tokens tokens each
@@ -19,6 +20,7 @@ the same code on the CPU, to check the script itself where no GPU is lent.
 import argparse
 
 import torch
+from transformers.trainer_pt_utils import LabelSmoother
 
 from bench.helpers.common import (
     add_repetitions,
@@ -36,11 +38,23 @@ from bench.helpers.common import (
     write_results,
 )
 from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from hf_vanilla_transformer.training.loss import LabelSmoothedLoss
 
 
-def bf16_loss(model, batch):
-    with torch.autocast(model.device.type, dtype=torch.bfloat16):
-        return model(**batch).loss
+def smoothed_loss(loss_function):
+    """A training step's loss as a trainer computes it with label smoothing 0.1 (Section 5.4), under bf16 autocast:
+    the model called without the labels, the loss from its logits."""
+
+    def loss_of(model, batch):
+        inputs = {name: value for name, value in batch.items() if name != "labels"}
+        with torch.autocast(model.device.type, dtype=torch.bfloat16):
+            return loss_function(model(**inputs), batch["labels"])
+
+    return loss_of
+
+
+# ours as TranslationTrainer computes its loss, MarianMTModel as the stock Seq2SeqTrainer does
+LOSSES = {"ours": smoothed_loss(LabelSmoothedLoss(0.1)), "MarianMTModel": smoothed_loss(LabelSmoother(0.1))}
 
 
 def our_model(config: VanillaTransformerConfig, device: torch.device):
@@ -59,7 +73,8 @@ def training_speed(config, batches, device, repetitions: int, matmul: float, com
     if compiled:
         models["ours, compiled"] = torch.compile(our_model(config, device), dynamic=True)
     candidates = {
-        name: synchronized(step_function(model, batches, bf16_loss), device) for name, model in models.items()
+        name: synchronized(step_function(model, batches, LOSSES[name.split(",")[0]]), device)
+        for name, model in models.items()
     }
     for run in candidates.values():  # warm-up: kernels chosen, allocator filled
         run()

@@ -37,8 +37,13 @@ PROGRAM = "run_translation.py"
 
 ARGUMENT_CLASSES = (ModelArguments, DataTrainingArguments, TranslationTrainingArguments)
 # A split is read from its file when one is given, else from --dataset_name: a --dataset_name given after a recipe
-# replaces the recipe's files, so that `recipe.yaml --dataset_name bentrevett/multi30k` trains on the Hub's copy.
-REPLACED_AFTER_A_RECIPE = {"dataset_name": [file_flag for _, file_flag, _ in SPLITS]}
+# replaces the recipe's files, so that `recipe.yaml --dataset_name bentrevett/multi30k` trains on the Hub's copy, and
+# a file given after a recipe replaces the recipe's dataset, so that `wmt14_en_de_base.yaml --train_file F` trains the
+# recipe's settings on F.
+REPLACED_AFTER_A_RECIPE = {
+    "dataset_name": [file_flag for _, file_flag, _ in SPLITS],
+    **{file_flag: ["dataset_name", "dataset_config_name"] for _, file_flag, _ in SPLITS},
+}
 # Flags of transformers' examples/pytorch/translation/run_translation.py that this script does not take, and why
 STOCK_FLAGS_NOT_TAKEN = {
     "source_prefix": "a task prefix tells a multi-task model (T5) what to do; this model learns one direction",

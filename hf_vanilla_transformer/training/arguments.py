@@ -57,6 +57,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=None,
         metadata={"help": "Token budget of a training batch, per process and accumulation step (Section 5.1)."},
     )
+    pad_to_multiple_of: int = field(
+        default=1,
+        metadata={
+            "help": "Pad each training batch's lengths up to a multiple of this (8 or 64 on a GPU: fewer distinct "
+            "shapes, aligned for its matrix units), counted in --max_tokens_per_batch. 1: no rounding."
+        },
+    )
     bpe_dropout: float = field(
         default=0.0,
         metadata={
@@ -134,6 +141,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                 raise ValueError(message)
             if self.save_strategy == "no":
                 raise ValueError("--ema_decay needs checkpoints, which carry the average, and --save_strategy is 'no'")
+        if self.pad_to_multiple_of < 1:
+            raise ValueError(f"--pad_to_multiple_of {self.pad_to_multiple_of} must be at least 1")
         if not 0 <= self.bpe_dropout < 1:
             raise ValueError(f"--bpe_dropout {self.bpe_dropout} must be at least 0 and below 1")
         if self.bpe_dropout and self.max_tokens_per_batch is None:

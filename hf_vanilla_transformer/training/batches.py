@@ -23,7 +23,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     """Batches of sentence pairs of similar length, each padded to at most `max_tokens` source and target tokens.
 
     Pairs are sorted by (source length, target length), ties broken at random each epoch, and cut into batches
-    that stay within the budget once padded: len(batch) * longest source <= max_tokens, and the same for targets.
+    that stay within the budget once padded: len(batch) * longest source <= max_tokens, and the same for targets,
+    the longest rounded up to a multiple of `pad_to_multiple_of` where the collator pads to one.
     The batches are then shuffled (with the same seed on every process). An optimizer step takes
     `num_processes * accumulation_steps` batches; if the number of batches is not a multiple of that, the largest
     batches are halved until it is, as every process must run the same number of steps. A pair longer than the
@@ -48,6 +49,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         accumulation_steps: int = 1,
         shuffle: bool = True,
         seed: int = 0,
+        pad_to_multiple_of: int = 1,
     ):
         if len(source_lengths) != len(target_lengths):
             raise ValueError("source_lengths and target_lengths differ in length")
@@ -57,6 +59,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError(f"num_processes must be positive, got {num_processes}")
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be positive, got {accumulation_steps}")
+        if pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be positive, got {pad_to_multiple_of}")
         self.source_lengths = np.asarray(source_lengths, dtype=np.int32)
         self.target_lengths = np.asarray(target_lengths, dtype=np.int32)
         self.max_tokens = max_tokens
@@ -64,6 +68,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.accumulation_steps = accumulation_steps
         self.shuffle = shuffle
         self.seed = seed
+        self.pad_to_multiple_of = pad_to_multiple_of
         self.epoch = 0
         self.batch_starts = self.cut_into_batches()
 
@@ -96,7 +101,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """Where each batch starts in the sorted order, and where the last ends (len(batches) + 1 positions)."""
         # The budget holds for both sides at once: len(batch) * max(longest source, longest target) <= max_tokens.
         order = np.lexsort((self.target_lengths, self.source_lengths))
-        lengths = np.maximum(self.source_lengths, self.target_lengths)[order]
+        multiple = self.pad_to_multiple_of
+        lengths = -(-np.maximum(self.source_lengths, self.target_lengths)[order] // multiple) * multiple
         starts, start = [0], 0
         while start < len(lengths):
             # a batch is the longest run from `start` whose size times its longest pair fits (one pair at least);

@@ -306,7 +306,10 @@ def trainer_arguments(args: TranslationTrainingArguments) -> TranslationTraining
 
 def training_collator(run: Run):
     """Pads batches (transformers' seq2seq collator), after encoding training text again under BPE-dropout."""
-    collator = DataCollatorForSeq2Seq(run.tokenizer, model=run.model)
+    multiple = run.training_args.pad_to_multiple_of
+    collator = DataCollatorForSeq2Seq(
+        run.tokenizer, model=run.model, pad_to_multiple_of=multiple if multiple > 1 else None
+    )
     dropout = run.training_args.bpe_dropout
     if not dropout:
         return collator

@@ -41,6 +41,7 @@ from hf_vanilla_transformer.training.checkpoints import (
     load_moving_average,
     rotate_checkpoints,
 )
+from hf_vanilla_transformer.training.loss import LabelSmoothedLoss
 from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     - training batches of about `max_tokens_per_batch` tokens (per process and step of gradient accumulation)
       instead of a fixed number of sentences (`None`: the Trainer's own batches);
+    - label smoothing (`label_smoothing_factor`) in one pass over the logits (`LabelSmoothedLoss`, the Trainer's
+      `compute_loss_func` unless one is given): transformers' `LabelSmoother`'s loss without its log-softmax tensors;
     - the learning rate of Equation 3 for the model's d_model when `learning_rate` is not given (set in the
       trainer's own copy of the arguments: the caller's stay as given);
     - a time limit, `max_train_minutes`, with a progress bar against it;
@@ -86,7 +89,7 @@ class TranslationTrainer(Seq2SeqTrainer):
     The train dataset needs `input_ids` and `labels` columns for token budgets.
     """
 
-    def __init__(self, model=None, args=None, *other, compute_metrics=None, **kwargs):
+    def __init__(self, model=None, args=None, *other, compute_metrics=None, compute_loss_func=None, **kwargs):
         if args is None:
             args = TranslationTrainingArguments()
         if not isinstance(args, TranslationTrainingArguments):
@@ -100,7 +103,11 @@ class TranslationTrainer(Seq2SeqTrainer):
         self.examples_in_evaluation = None
         if compute_metrics is not None:
             compute_metrics = self.metrics_per_example(compute_metrics)
-        super().__init__(model, args, *other, compute_metrics=compute_metrics, **kwargs)
+        if compute_loss_func is None and args.label_smoothing_factor > 0:
+            compute_loss_func = LabelSmoothedLoss(args.label_smoothing_factor)
+        super().__init__(
+            model, args, *other, compute_metrics=compute_metrics, compute_loss_func=compute_loss_func, **kwargs
+        )
         self.batch_sampler_epoch = BatchSamplerEpoch()
         self.add_callback(self.batch_sampler_epoch)
         self.add_callback(LastStepCheckpointCallback())
@@ -187,16 +194,28 @@ class TranslationTrainer(Seq2SeqTrainer):
             num_processes=self.args.world_size,
             accumulation_steps=self.args.gradient_accumulation_steps,
             seed=self.args.seed,
+            pad_to_multiple_of=self.args.pad_to_multiple_of,
         )
         self.batch_sampler_epoch.sampler = sampler
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
             collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
+            **self.loading_options(),
         )
         return self.accelerator.prepare(loader)  # on several processes, accelerate deals the batches out
+
+    def loading_options(self) -> dict:
+        """The Trainer's `dataloader_*` settings for our data loaders: collation in `dataloader_num_workers`
+        processes (kept from epoch to epoch with `dataloader_persistent_workers`), and batches in pinned memory
+        (`dataloader_pin_memory`) where they go to an accelerator; torch warns of pinning without one."""
+        args = self.args
+        pinned = args.dataloader_pin_memory and args.device.type != "cpu"
+        options = {"num_workers": args.dataloader_num_workers, "pin_memory": pinned}
+        if args.dataloader_num_workers > 0:
+            options["persistent_workers"] = args.dataloader_persistent_workers
+            options["prefetch_factor"] = args.dataloader_prefetch_factor
+        return options
 
     def get_eval_dataloader(self, eval_dataset: str | datasets.Dataset | None = None) -> DataLoader:
         """The Trainer's evaluation batches, always in dataset order (see `dataloader_in_order`)."""
@@ -218,8 +237,7 @@ class TranslationTrainer(Seq2SeqTrainer):
             self.model_input_columns(dataset),
             batch_size=self.args.eval_batch_size,
             collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
+            **self.loading_options(),
         )
         return self.accelerator.prepare(loader)
 

@@ -23,8 +23,9 @@ from hf_vanilla_transformer.training.arguments import TranslationTrainingArgumen
 from hf_vanilla_transformer.training.checkpoints import MOVING_AVERAGE_NAME
 from hf_vanilla_transformer.training.data import file_sentences
 from hf_vanilla_transformer.training.metrics import load_translation_metric
-from hf_vanilla_transformer.training.run import tokenize
+from hf_vanilla_transformer.training.run import prepare, tokenize, training_collator
 from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
+from hf_vanilla_transformer.training.trainer import TranslationTrainer
 from support.files import write_bytes_lines, write_dataset, write_lines
 from support.hostile import FUZZ_SETTINGS, HOSTILE_LINES, JSON_VALUES, assert_one_line_error
 from support.paths import REPO_ROOT, TATOEBA_EN_ZH, TEST, TRAIN
@@ -425,7 +426,7 @@ def test_recipe_file_with_overrides(tmp_path):
         run_translation.main([str(tmp_path / "nothing.yaml")])
 
 
-def test_a_dataset_name_after_a_recipe_replaces_its_data_files(tmp_path):
+def test_a_dataset_name_after_a_recipe_replaces_its_data_files_and_a_file_its_dataset(tmp_path):
     recipe = str(REPO_ROOT / "recipes" / "multi30k_small.yaml")
     _, data_args, _ = run_translation.parse_arguments([recipe])
     assert data_args.train_file.endswith("multi30k/train.jsonl") and data_args.dataset_name is None
@@ -439,6 +440,13 @@ def test_a_dataset_name_after_a_recipe_replaces_its_data_files(tmp_path):
     assert data_args.dataset_description == "Multi30k (en-de)"  # the rest of the recipe stays
     _, data_args, _ = run_translation.parse_arguments([recipe, "--dataset-name=x", "--test_file", "mine.jsonl"])
     assert (data_args.dataset_name, data_args.train_file, data_args.test_file) == ("x", None, "mine.jsonl")
+
+    wmt = str(REPO_ROOT / "recipes" / "wmt14_en_de_base.yaml")  # and a file after a recipe replaces its dataset
+    _, data_args, _ = run_translation.parse_arguments([wmt, "--bf16", "false"])
+    assert (data_args.dataset_name, data_args.dataset_config_name) == ("wmt14", "de-en")
+    _, data_args, args = run_translation.parse_arguments([wmt, "--bf16", "false", "--train_file", "big.jsonl"])
+    assert (data_args.dataset_name, data_args.dataset_config_name, data_args.train_file) == (None, None, "big.jsonl")
+    assert args.max_tokens_per_batch == 3125  # the rest of the recipe stays
 
 
 def test_a_run_from_a_local_dataset_folder_by_dataset_name(tmp_path):
@@ -488,6 +496,23 @@ def test_a_run_with_bpe_dropout_and_a_moving_average_saves_the_tokenizer_and_the
     assert saved.keys() == tensors.keys() and all(torch.equal(saved[name], tensors[name]) for name in saved)
     card = (output / "README.md").read_text()
     assert "BPE-dropout: 0.2" in card and "moving average of the weights: decay 0.9, the final model" in card
+
+
+def test_pad_to_multiple_of_pads_every_training_batch_to_it_within_the_token_budget(tmp_path):
+    rows = [{"translation": {"en": "the cat " * n + "sleeps.", "de": "die Katze " * n + "schläft."}} for n in range(40)]
+    data = write_lines(tmp_path / "pairs.jsonl", [json.dumps(row) for row in rows])
+    files = ["--train_file", data, "--validation_file", data, "--test_file", data]
+    flags = [*files, "--vocab_size", "300", "--max_tokens_per_batch", "96", "--pad_to_multiple_of", "8"]
+    run = prepare(*run_translation.parse_arguments([*TINY_MODEL_RUN, *flags, "--output_dir", str(tmp_path / "out")]))
+    trainer = TranslationTrainer(
+        model=run.model,
+        args=run.training_args,
+        train_dataset=run.tokenized["train"],
+        data_collator=training_collator(run),
+    )
+    shapes = {(*batch["input_ids"].shape, *batch["labels"].shape) for batch in trainer.get_train_dataloader()}
+    assert len(shapes) > 2 and all(length % 8 == 0 for shape in shapes for length in (shape[1], shape[3]))
+    assert all(rows * max(source, target) <= 96 for rows, source, _, target in shapes)
 
 
 @pytest.mark.parametrize("recipe", sorted((REPO_ROOT / "recipes").glob("*.yaml")), ids=lambda path: path.name)

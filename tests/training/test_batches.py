@@ -89,3 +89,25 @@ def test_row_lengths_are_read_from_the_arrow_offsets():
     assert row_lengths(dataset, "input_ids").tolist() == [3, 1, 5]
     assert row_lengths(dataset, "labels").tolist() == [1, 2, 0]
     assert row_lengths(dataset.select([2, 0]), "input_ids").tolist() == [5, 3]  # through an indices mapping too
+
+
+def test_padded_to_a_multiple_the_batches_keep_the_budget_and_take_fewer_shapes():
+    """With the collator padding lengths up to a multiple of 8, the budget counts the padded lengths, every batch's
+    shape is made of multiples of 8, and an epoch holds fewer distinct shapes than unpadded."""
+    rng = np.random.default_rng(0)
+    sources = rng.integers(1, 120, 5000)
+    targets = np.maximum(1, (sources * rng.uniform(0.8, 1.3, 5000)).astype(int))  # a translation's length follows
+    shapes = {}
+    for multiple in (1, 8):
+        sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=1024, pad_to_multiple_of=multiple)
+        seen = set()
+        for batch in sampler:
+            padded = [-(-int(max(lengths[batch])) // multiple) * multiple for lengths in (sources, targets)]
+            assert len(batch) * max(padded) <= 1024
+            seen.add((len(batch), *padded))
+        assert sorted(i for batch in sampler for i in batch) == list(range(5000))
+        shapes[multiple] = seen
+    assert all(length % 8 == 0 for shape in shapes[8] for length in shape[1:])
+    assert len(shapes[8]) < len(shapes[1]) / 3
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be positive, got 0"):
+        TokenBudgetBatchSampler(sources, targets, max_tokens=1024, pad_to_multiple_of=0)

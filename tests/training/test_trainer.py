@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -32,9 +33,10 @@ from hf_vanilla_transformer.training.arguments import (
     fold_generation_settings,
     paper_learning_rate,
 )
-from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler
+from hf_vanilla_transformer.training.batches import TokenBudgetBatchSampler, row_lengths
 from hf_vanilla_transformer.training.callbacks import BatchSamplerEpoch
 from hf_vanilla_transformer.training.checkpoints import MOVING_AVERAGE_NAME, average_checkpoints
+from hf_vanilla_transformer.training.loss import LabelSmoothedLoss
 from hf_vanilla_transformer.training.run import tokenize, trainer_arguments
 from hf_vanilla_transformer.training.tokenizer import BPEDropoutCollator, train_shared_bpe
 from hf_vanilla_transformer.training.trainer import TranslationTrainer, training_is_over
@@ -237,6 +239,7 @@ def test_predictions_come_in_dataset_order_even_with_length_grouped_training(tmp
         ({"ema_decay": 0.99, "average_last_checkpoints": 3}, "--ema_decay and --average_last_checkpoints 3"),
         ({"ema_decay": 0.99, "save_strategy": "no"}, "--ema_decay needs checkpoints"),
         ({"bpe_dropout": 1.0, "max_tokens_per_batch": 500}, "--bpe_dropout 1.0 must be at least 0 and below 1"),
+        ({"pad_to_multiple_of": 0}, "--pad_to_multiple_of 0 must be at least 1"),
     ],
 )
 def test_training_arguments_that_make_no_sense_together_are_refused(tmp_path, settings, message):
@@ -555,11 +558,20 @@ class GradientRecorder(TrainerCallback):
         self.gradients.append({name: p.grad.detach().clone() for name, p in model.named_parameters()})
 
 
-def trainer_gradient(dataset, tmp_path, batch_size: int, accumulation: int, label_smoothing: float) -> dict:
-    """The gradient of the Trainer's first optimizer step over the whole `dataset`."""
+def trainer_gradient(
+    dataset, tmp_path, batch_size: int, accumulation: int, label_smoothing: float, ours: bool = False
+) -> dict:
+    """The gradient of the first optimizer step over the whole `dataset`, of transformers' Seq2SeqTrainer or (`ours`)
+    TranslationTrainer."""
     model = tiny_model().train()
     recorder = GradientRecorder()
-    args = Seq2SeqTrainingArguments(
+    trainer_class, arguments_class, precision = (
+        (TranslationTrainer, TranslationTrainingArguments, {"bf16": False})  # float32: the definition's precision
+        if ours
+        else (Seq2SeqTrainer, Seq2SeqTrainingArguments, {})
+    )
+    args = arguments_class(
+        **precision,
         output_dir=str(tmp_path / f"{batch_size}x{accumulation}"),
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=accumulation,
@@ -571,7 +583,7 @@ def trainer_gradient(dataset, tmp_path, batch_size: int, accumulation: int, labe
         report_to=[],
         use_cpu=True,
     )
-    trainer = Seq2SeqTrainer(
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=dataset,
@@ -606,16 +618,17 @@ def largest_relative_difference(gradients: dict, reference: dict) -> float:
     return float(max((gradients[name] - reference[name]).abs().max() for name in reference) / scale)
 
 
+@pytest.mark.parametrize("ours", [False, True])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
-def test_two_accumulated_half_batches_give_the_gradient_of_the_full_batch(tmp_path, label_smoothing):
+def test_two_accumulated_half_batches_give_the_gradient_of_the_full_batch(tmp_path, label_smoothing, ours):
     # sorted by target length, so that the second half holds far more target tokens than the first: a mean of the
     # two halves' means would weigh the first half's tokens more than the full batch's mean does
     dataset = random_token_dataset(8, seed=5)
     dataset = dataset.select(sorted(range(8), key=lambda i: len(dataset["labels"][i])))
     tokens = [sum(map(len, dataset["labels"][half])) for half in (slice(0, 4), slice(4, 8))]
     assert tokens[1] > 1.5 * tokens[0]
-    full = trainer_gradient(dataset, tmp_path, batch_size=8, accumulation=1, label_smoothing=label_smoothing)
-    halves = trainer_gradient(dataset, tmp_path, batch_size=4, accumulation=2, label_smoothing=label_smoothing)
+    full = trainer_gradient(dataset, tmp_path, batch_size=8, accumulation=1, label_smoothing=label_smoothing, ours=ours)
+    halves = trainer_gradient(dataset, tmp_path, 4, accumulation=2, label_smoothing=label_smoothing, ours=ours)
     # padding takes no share: the padded batches give the gradient of the sentences taken one by one, unpadded
     reference = definition_gradient(dataset, label_smoothing)
     assert largest_relative_difference(full, reference) < 1e-5
@@ -773,6 +786,48 @@ def test_a_training_step_reads_nothing_back_from_the_device_in_our_code(tmp_path
     assert reads[False]  # the recorder sees reads: transformers' attention-mask check, the data loader's seed
 
 
+def device_reads(run) -> int:
+    """How many times `run` reads a tensor's value back to the host, as torch.profiler sees it: each such read is one
+    `aten::_local_scalar_dense`, whatever Python call made it."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        run()
+    return sum(event.name == "aten::_local_scalar_dense" for event in profiler.events())
+
+
+@pytest.mark.slow
+def test_the_profiler_sees_no_host_read_in_the_compiled_step_and_only_transformers_mask_checks_in_the_eager_one():
+    """torch.profiler over the step of each of 3 batches of different shapes: eagerly, the forward reads back 2 values,
+    transformers' check of the source mask for padding (`create_bidirectional_mask`, encoder and cross-attention);
+    our label-smoothed loss and the backward read none. Compiled (aot_eager: the graphs torch's compilers are given),
+    the forward reads none either."""
+    tokenizer = letter_tokenizer()
+    model = tiny_model(vocab_size=len(tokenizer)).train()
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    dataset = reversal_dataset(tokenizer, 60, seed=0, letters=(2, 30))
+    sampler = TokenBudgetBatchSampler(row_lengths(dataset, "input_ids"), row_lengths(dataset, "labels"), 256)
+    batches = [collator([dataset[i] for i in batch]) for batch in list(sampler)[:3]]
+    assert len({tuple(batch["input_ids"].shape) for batch in batches}) == 3
+    loss_function = LabelSmoothedLoss(0.1)
+    compiled = torch.compile(model, backend="aot_eager", dynamic=True)
+    for batch in batches:
+        inputs = {name: value for name, value in batch.items() if name != "labels"}
+        outputs = {}
+
+        def forward(inputs=inputs, outputs=outputs):
+            outputs["logits"] = model(**inputs).logits
+
+        def loss_and_backward(outputs=outputs, labels=batch["labels"]):
+            loss_function(outputs, labels).backward()
+
+        assert (device_reads(forward), device_reads(loss_and_backward)) == (2, 0)
+        compiled(**inputs)  # compiled for this shape first, so that only the step is profiled below
+
+        def compiled_step(inputs=inputs, labels=batch["labels"]):
+            loss_function(compiled(**inputs), labels).backward()
+
+        assert device_reads(compiled_step) == 0
+
+
 COMPILED_RUN = """
 import sys
 sys.path.insert(0, {tests!r})
@@ -816,3 +871,34 @@ def test_a_compiled_training_step_compiles_twice_whatever_the_shapes_of_the_toke
     shapes = int(re.search(r"SHAPES (\d+)", result.stdout).group(1))
     recompiles = re.findall(r"Recompiling function (\w+)", result.stderr)
     assert shapes >= 20 and recompiles == ["forward"], (shapes, recompiles)
+
+
+def test_collation_in_dataloader_workers_gives_the_same_batches_in_the_same_order(tmp_path):
+    """On a GPU, --dataloader_num_workers moves collation off the training process (docs/training.md): the token
+    budget batches of two epochs, made in two persistent workers, are those made in the training process; and no
+    warning (torch's of pinned memory without an accelerator) on a CPU."""
+    tokenizer = letter_tokenizer()
+    dataset = reversal_dataset(tokenizer, 200, seed=0, letters=(2, 30))
+    model = tiny_model(vocab_size=len(tokenizer))
+    epochs = {}
+    for workers in (0, 2):
+        args = TranslationTrainingArguments(
+            output_dir=str(tmp_path),
+            max_tokens_per_batch=256,
+            dataloader_num_workers=workers,
+            dataloader_persistent_workers=workers > 0,
+            report_to=[],
+        )
+        collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+        trainer = TranslationTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+        loader = trainer.get_train_dataloader()
+        epochs[workers] = []
+        for epoch in range(2):
+            trainer.batch_sampler_epoch.sampler.set_epoch(epoch)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                epochs[workers].append([batch["input_ids"] for batch in loader])
+    assert len(epochs[0][0]) > 5 and [len(epoch) for epoch in epochs[2]] == [len(epoch) for epoch in epochs[0]]
+    assert not all(torch.equal(a, b) for a, b in zip(*epochs[0], strict=False))  # the two epochs differ
+    for made_in_workers, made_here in zip(epochs[2], epochs[0], strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(made_in_workers, made_here, strict=True))
