@@ -42,6 +42,8 @@ from typing import Literal
 
 import torch
 
+from hf_vanilla_transformer.errors import transformers_lines_left_out
+
 TargetPosition = Literal["predicting", "reading"]
 TARGET_POSITIONS = ("predicting", "reading")
 Method = Literal["target", "intersection", "grow-diag-final-and"]
@@ -280,8 +282,10 @@ def align(
 def on_the_eager_path(model, encoded: dict[str, torch.Tensor]):
     """`model` if it runs on the eager attention path, else an eager copy of it, with a warning. transformers has no
     public way to read a model's attention implementation (`config._attn_implementation` is private); whether the
-    encoder returns attention weights for `encoded` tells."""
-    with torch.no_grad():
+    encoder returns attention weights for `encoded` tells. On another path transformers logs that it returns none, which
+    is what the question asks: that line is left out, and the warning here says what happens instead."""
+    no_weights = "does not support `output_attentions=True`"
+    with torch.no_grad(), transformers_lines_left_out("transformers.integrations.sdpa_attention", no_weights):
         weights = model.get_encoder()(**encoded, output_attentions=True).attentions
     if weights and all(layer is not None for layer in weights):
         return model

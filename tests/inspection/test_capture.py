@@ -1,6 +1,7 @@
 import gc
 import itertools
 import math
+import subprocess
 import sys
 import warnings
 
@@ -314,3 +315,27 @@ def test_what_the_table_of_a_long_decoding_shows_grows_with_its_length_not_its_s
         return sum(len(cell) for row in steps_table(steps) for cell in row)
 
     assert shown(400) < 2.2 * shown(200)
+
+
+SDPA_MAPS = """
+import sys
+import warnings
+sys.path.insert(0, {tests!r})
+from hf_vanilla_transformer.inspection.capture import attention_maps
+from support.models import letter_tokenizer, tiny_model
+
+warnings.simplefilter("ignore")  # ours, that an eager copy runs, is tested above
+tokenizer = letter_tokenizer()
+maps = attention_maps(tiny_model(vocab_size=len(tokenizer), attn_implementation="sdpa"), tokenizer, "a b c")
+print("LAYERS", len(maps.weights["encoder_self_attention"]))
+"""
+
+
+def test_the_attention_of_an_sdpa_model_prints_no_line_of_transformers():
+    """Asking an sdpa model whether it returns attention weights made transformers log, once a process, that sdpa
+    does not support them: on a healthy run (the card's picture of a float32 run, the demo). A process of its own,
+    as transformers logs it once a process."""
+    script = SDPA_MAPS.format(tests=str(REPO_ROOT / "tests"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "LAYERS 2" in result.stdout and result.stderr == "", result.stderr
