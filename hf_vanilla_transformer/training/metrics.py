@@ -129,9 +129,11 @@ def load_translation_metric() -> evaluate.EvaluationModule:
 
 
 def decode_generated(generated: np.ndarray, tokenizer) -> list[str]:
-    """Detokenized text of `generate()` output as the Trainer returns it (padded with -100 between batches)."""
+    """Detokenized text of `generate()` output as the Trainer returns it (padded with -100 between batches): the text
+    `pipeline("translation")` and vanilla-translate give for the same tokens, a leading space included where the first
+    token begins a word (sacreBLEU and chrF score it as without)."""
     generated = np.where(generated == -100, tokenizer.pad_token_id, generated)
-    return [text.strip() for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+    return tokenizer.batch_decode(generated, skip_special_tokens=True)
 
 
 def score_generated(

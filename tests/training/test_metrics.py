@@ -16,6 +16,7 @@ from hf_vanilla_transformer.training.metrics import (
     load_translation_metric,
     score_generated,
 )
+from hf_vanilla_transformer.training.tokenizer import train_shared_bpe
 from support.models import letter_tokenizer
 
 REFERENCES = ["Ein Mann schläft auf der Bank.", "Zwei Hunde spielen im Schnee."]
@@ -179,3 +180,13 @@ def test_score_generated_and_compute_metrics_pass_the_target_language_on(metric)
     assert scores == expected and "|tok:char|" in scores["bleu_signature"]
     compute_metrics = bleu_and_chrf_against(references, letters, metric, bleu_tokenize="char")
     assert compute_metrics(EvalPrediction(predictions=generated, label_ids=generated))["bleu"] == expected["bleu"]
+
+
+def test_decode_generated_gives_the_text_the_pipeline_gives_a_leading_space_and_all():
+    """A barely trained model may begin with a token that begins a word: the run's predictions file holds the text
+    `pipeline("translation")` and vanilla-translate decode (both `tokenizer.decode`), not a stripped copy of it."""
+    tokenizer = train_shared_bpe(["A man sleeps.", "Ein Mann schläft."] * 20, vocab_size=300)
+    word = tokenizer.convert_tokens_to_ids("ĠMann")
+    generated = np.array([[tokenizer.bos_token_id, word, tokenizer.eos_token_id, -100]])
+    assert decode_generated(generated, tokenizer) == [" Mann"]
+    assert decode_generated(generated, tokenizer) == [tokenizer.decode([word], skip_special_tokens=True)]
