@@ -331,6 +331,7 @@ print("LAYERS", len(maps.weights["encoder_self_attention"]))
 """
 
 
+@pytest.mark.slow  # a Python process of its own: torch and transformers imported again
 def test_the_attention_of_an_sdpa_model_prints_no_line_of_transformers():
     """Asking an sdpa model whether it returns attention weights made transformers log, once a process, that sdpa
     does not support them: on a healthy run (the card's picture of a float32 run, the demo). A process of its own,

@@ -873,6 +873,7 @@ def test_a_compiled_training_step_compiles_twice_whatever_the_shapes_of_the_toke
     assert shapes >= 20 and recompiles == ["forward"], (shapes, recompiles)
 
 
+@pytest.mark.slow  # worker processes, each importing torch
 def test_collation_in_dataloader_workers_gives_the_same_batches_in_the_same_order(tmp_path):
     """On a GPU, --dataloader_num_workers moves collation off the training process (docs/training.md): the token
     budget batches of two epochs, made in two persistent workers, are those made in the training process; and no
