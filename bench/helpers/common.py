@@ -94,6 +94,19 @@ def synchronized(run: Callable[[], object], device: torch.device | str = "cpu") 
     return timed
 
 
+def bytes_saved_for_backward(forward: Callable[[], object]) -> tuple[object, int]:
+    """`forward()`'s result, and the bytes autograd keeps from it for the backward pass (its saved-tensor hooks)."""
+    saved = []
+
+    def count(tensor):
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
+        result = forward()
+    return result, sum(saved)
+
+
 def matmul_rate(dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", size: int = 2048) -> float:
     """FLOP/s of a `size`-square matrix product in `dtype` on `device` (median of 10, after 3 warm-ups): the peer
     rate a model's FLOP/s is measured against."""

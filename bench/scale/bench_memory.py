@@ -22,7 +22,7 @@ def measure(preset: str, max_tokens: int, checkpointing: bool) -> dict:
 
     import torch
 
-    from bench.helpers.common import multi30k_batches
+    from bench.helpers.common import bytes_saved_for_backward, multi30k_batches
     from hf_vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
     batches, tokenizer = multi30k_batches(3, max_tokens)
@@ -35,15 +35,10 @@ def measure(preset: str, max_tokens: int, checkpointing: bool) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
     saved, seconds = [], []
 
-    def count(tensor):
-        saved[-1] += tensor.numel() * tensor.element_size()
-        return tensor
-
     for batch in batches:
-        saved.append(0)
         start = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
-            loss = model(**batch).loss
+        loss, kept = bytes_saved_for_backward(lambda batch=batch: model(**batch).loss)
+        saved.append(kept)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -18,6 +18,7 @@ from transformers.trainer_pt_utils import LabelSmoother
 from bench.helpers.common import (
     add_repetitions,
     add_results_label,
+    bytes_saved_for_backward,
     interleaved_medians,
     machine,
     synchronized,
@@ -38,18 +39,6 @@ LOSSES = {
     "LabelSmoother": LabelSmoother(0.1),
     "torch cross_entropy": torch_cross_entropy,
 }
-
-
-def saved_bytes(loss_function, logits, labels) -> int:
-    saved = []
-
-    def pack(tensor):
-        saved.append(tensor.untyped_storage().nbytes())
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss_function({"logits": logits}, labels)
-    return sum(saved)
 
 
 def measure(tokens: int, vocabulary: int, dtype: torch.dtype, device: torch.device, repetitions: int) -> dict:
@@ -73,7 +62,8 @@ def measure(tokens: int, vocabulary: int, dtype: torch.dtype, device: torch.devi
         "milliseconds": {name: round(1000 * seconds, 2) for name, seconds in medians.items()},
         "ratio_label_smoother_to_ours": round(medians["LabelSmoother"] / medians["ours"], 2),
         "saved_for_backward_mib": {
-            name: round(saved_bytes(loss, logits, labels) / 2**20, 1) for name, loss in LOSSES.items()
+            name: round(bytes_saved_for_backward(lambda loss=loss: loss({"logits": logits}, labels))[1] / 2**20, 1)
+            for name, loss in LOSSES.items()
         },
     }
 
